@@ -1,0 +1,24 @@
+"""Backends: kernels only. Each backend registers kernels against registry op names with the
+shared call convention ``kernel(*inputs, **attrs)``; it knows its devices, modes and how to move
+arrays in and out, and nothing about cases or tolerances."""
+from __future__ import annotations
+
+import importlib
+
+from rlx_conformance.errors import RlxError
+
+from .base import Backend, KernelEntry  # noqa: F401
+
+BACKENDS = {"cpu": "backends.cpu", "mlx": "backends.mlx"}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend object, its kernels loaded. RlxError when unknown or not installed."""
+    try:
+        module = BACKENDS[name]
+    except KeyError:
+        raise RlxError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})") from None
+    try:
+        return importlib.import_module(module).BACKEND
+    except ImportError as e:
+        raise RlxError(f"backend {name!r} is not available: {e}") from None

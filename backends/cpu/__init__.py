@@ -1,0 +1,37 @@
+"""The CPU reference backend: numpy/scipy (ml_dtypes for bfloat16). It defines the semantics
+every other backend is judged against, so its kernels favour being right over being fast:
+float32 math is evaluated in float64 and rounded once."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rlx_conformance import dtypes as dt
+from rlx_conformance.registry import OpSpec, OutSpec
+
+from ..base import Backend, KernelEntry, _as_list, check_outputs, compute_dtypes
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    modes = ("eager",)
+    default_mode = "eager"
+
+    def _execute(self, entry: KernelEntry, spec: OpSpec, inputs: list[np.ndarray],
+                 in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec], device: str,
+                 mode: str) -> list[np.ndarray]:
+        args = [x.astype(dt.np_dtype(c)) if c != d else x
+                for x, d, c in zip(inputs, in_dtypes, compute_dtypes(spec, in_dtypes))]
+        with np.errstate(all="ignore"):
+            res = _as_list(entry.fn(*args, **attrs))
+        check_outputs(self.name, spec, res, outs, lambda o: (np.shape(o), dt.name_of(o.dtype)))
+        with np.errstate(all="ignore"):
+            return [np.asarray(o).astype(dt.np_dtype(d), copy=False) for o, (_, d) in zip(res, outs)]
+
+
+BACKEND = CpuBackend()
+
+from .._loader import load_kernel_modules  # noqa: E402
+
+load_kernel_modules(__name__, __path__)  # every kernel module in this package registers itself

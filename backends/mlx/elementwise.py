@@ -1,0 +1,139 @@
+"""MLX kernels for the elementwise family: MLX primitives where MLX has the op, otherwise the
+OPS.md formula composed from MLX primitives (as a lowering to MLX would)."""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from . import BACKEND
+
+kernel = BACKEND.kernel
+
+
+def _softplus(x):
+    return mx.logaddexp(x, mx.zeros_like(x))
+
+
+ACTIVATIONS = {
+    "gelu": lambda x: x * (1 + mx.erf(x / math.sqrt(2))) / 2,
+    "gelu_approx": lambda x: 0.5 * x * (1 + mx.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x * mx.sigmoid(x),
+    "relu": lambda x: mx.maximum(x, mx.zeros_like(x)),
+    "sigmoid": mx.sigmoid,
+    "tanh": mx.tanh,
+    "exp": mx.exp,
+    "log": mx.log,
+    "sqrt": mx.sqrt,
+    "rsqrt": mx.rsqrt,
+    "neg": mx.negative,
+    "abs": mx.abs,
+    "sin": mx.sin,
+    "cos": mx.cos,
+    "tan": mx.tan,
+    "atan": mx.arctan,
+    "recip": mx.reciprocal,
+    "round": mx.round,
+    "floor": mx.floor,
+    "ceil": mx.ceil,
+    "sign": mx.sign,
+    "softplus": _softplus,
+    "elu": lambda x: mx.where(x > 0, x, mx.expm1(x)),
+    "erf": mx.erf,
+    "hard_swish": lambda x: x * mx.clip(x + 3, 0, 6) / 6,
+    "hard_sigmoid": lambda x: mx.clip(x / 6 + 0.5, 0, 1),
+    "mish": lambda x: x * mx.tanh(_softplus(x)),
+    "softsign": lambda x: x / (1 + mx.abs(x)),
+    "log_sigmoid": lambda x: mx.minimum(x, mx.zeros_like(x)) - mx.log1p(mx.exp(-mx.abs(x))),
+}
+def _unary(fn):
+    return lambda x: fn(x)
+
+
+def _binary(fn):
+    return lambda a, b: fn(a, b)
+
+
+for _name, _fn in ACTIVATIONS.items():
+    kernel(_name)(_unary(_fn))
+
+
+def _is_int(a) -> bool:
+    return mx.issubdtype(a.dtype, mx.integer)
+
+
+def _trunc_div(a, b):
+    q = mx.floor_divide(a, b)
+    fix = (mx.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+    return q + fix.astype(q.dtype)
+
+
+@kernel("add")
+def add(a, b):
+    return mx.add(a, b)
+
+
+@kernel("sub")
+def sub(a, b):
+    return mx.subtract(a, b)
+
+
+@kernel("mul")
+def mul(a, b):
+    return mx.multiply(a, b)
+
+
+@kernel("div")
+def div(a, b):
+    return _trunc_div(a, b) if _is_int(a) else mx.divide(a, b)
+
+
+@kernel("mod")
+def mod(a, b):
+    """C fmod. Ints: a - trunc(a/b)*b. Floats: remainder of magnitudes (exact), sign of a."""
+    if _is_int(a):
+        return a - _trunc_div(a, b) * b
+    r = mx.remainder(mx.abs(a), mx.abs(b))
+    neg = (a < 0) | ((a == 0) & (mx.reciprocal(a) < 0))
+    return mx.where(neg, -r, r)
+
+
+kernel("max")(lambda a, b: mx.maximum(a, b))
+kernel("min")(lambda a, b: mx.minimum(a, b))
+kernel("pow")(lambda a, b: mx.power(a, b))
+kernel("atan2")(lambda a, b: mx.arctan2(a, b))
+kernel("bit_and")(lambda a, b: mx.bitwise_and(a, b))
+kernel("bit_or")(lambda a, b: mx.bitwise_or(a, b))
+kernel("bit_xor")(lambda a, b: mx.bitwise_xor(a, b))
+kernel("shl")(lambda a, b: mx.left_shift(a, b))
+kernel("shr")(lambda a, b: mx.right_shift(a, b))
+
+for _name, _fn in {"eq": mx.equal, "ne": mx.not_equal, "lt": mx.less, "le": mx.less_equal,
+                   "gt": mx.greater, "ge": mx.greater_equal}.items():
+    kernel(_name)(_binary(_fn))
+
+
+@kernel("where")
+def where(cond, a, b):
+    return mx.where(cond, a, b)
+
+
+@kernel("fma")
+def fma(a, b, c):
+    """MLX has no elementwise fused multiply-add: a*b then + c (two roundings)."""
+    return a * b + c
+
+
+@kernel("clamp")
+def clamp(x, *, min, max):
+    if _is_int(x):
+        lo, hi = math.ceil(min), math.floor(max)
+        return mx.clip(x, mx.array(lo, dtype=x.dtype), mx.array(hi, dtype=x.dtype))
+    return mx.clip(x, mx.array(min, dtype=x.dtype), mx.array(max, dtype=x.dtype))
+
+
+@kernel("cast")
+def cast(x, *, to):
+    from . import MX_DTYPES
+
+    return x.astype(MX_DTYPES[to])

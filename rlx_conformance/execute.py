@@ -1,0 +1,119 @@
+"""Run one case in the current process: inputs → reference → target → comparison → CaseResult.
+The runner calls this inside isolated worker processes."""
+from __future__ import annotations
+
+import time
+import traceback
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from . import dtypes as dt
+from .compare import EXACT, compare
+from .errors import RlxError, UnsupportedError
+from .matrix import Case, make_inputs
+from .results import CaseResult
+from .tolerances import tolerance_for
+
+
+class _RefCache:
+    """Inputs and reference outputs of the last few input ids (cases of one input id differ only
+    in target and run back to back)."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._d: OrderedDict[str, tuple[list[np.ndarray], Any]] = OrderedDict()
+
+    def get(self, case: Case) -> tuple[list[np.ndarray], Any]:
+        hit = self._d.get(case.input_id)
+        if hit is not None:
+            return hit
+        from backends import get_backend
+
+        inputs = make_inputs(case)
+        try:
+            ref: Any = get_backend("cpu").run(case.op, [x.copy() for x in inputs], case.attr_dict)
+        except Exception as e:  # noqa: BLE001 — recorded as the case's error
+            ref = e
+        self._d[case.input_id] = (inputs, ref)
+        if len(self._d) > self.size:
+            self._d.popitem(last=False)
+        return inputs, ref
+
+
+REF_CACHE = _RefCache()
+
+
+def judge(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
+          actual: list[np.ndarray]):
+    """Compare every output under the op's policy; returns (ok, comparisons, tolerance)."""
+    spec = case.spec
+    attrs = case.attr_dict
+    if spec.policy.check is not None:
+        comps = spec.policy.check(inputs, attrs, expected, actual)
+        return all(c.ok for c in comps), comps, None
+    undefined = spec.undefined(inputs, attrs)
+    comps = []
+    tol = None
+    for k, (e, a) in enumerate(zip(expected, actual)):
+        out_dt = dt.name_of(e.dtype)
+        exact = spec.policy.exact or not dt.is_float(out_dt)
+        tol = EXACT if exact else tolerance_for(case.op, out_dt)
+        bound = None
+        if spec.policy.bound is not None and not exact and e.shape == a.shape:
+            bound = spec.policy.bound(inputs, attrs, out_dt)
+        skip = None
+        if undefined is not None and e.shape == a.shape:
+            skip = np.broadcast_to(undefined, e.shape)
+        comps.append(compare(e, a, exact=exact, signed_zero=spec.policy.signed_zero, tol=tol,
+                             bound=bound, skip=skip, name=f"output {k}"))
+    return all(c.ok for c in comps), comps, tol
+
+
+def run_case(case: Case) -> CaseResult:
+    from backends import get_backend
+
+    t0 = time.perf_counter()
+    inputs, ref = REF_CACHE.get(case)
+    if isinstance(ref, Exception):
+        return CaseResult.for_case(case, "error", duration_s=time.perf_counter() - t0,
+                                   message=f"reference failed: {type(ref).__name__}: {ref}")
+    tg = case.target
+    backend = get_backend(tg.backend)
+    entry = backend.kernels.get(case.op)
+    kw: dict[str, Any] = {"kernel": "native" if entry is None or entry.native else "delegated"}
+    if tg.backend == "mlx" and entry is not None:
+        stream = backend.stream_for(entry, [d for d in case.spec.case_dtypes(case.dtype, len(inputs))], tg.device)
+        if stream != tg.device:
+            kw["stream"] = stream
+    try:
+        out = backend.run(case.op, [x.copy() for x in inputs], case.attr_dict, tg.device, tg.mode,
+                          force=not case.declared)
+    except UnsupportedError as e:
+        return CaseResult.for_case(case, "skip", duration_s=time.perf_counter() - t0, message=str(e), **kw)
+    except Exception as e:  # noqa: BLE001 — any kernel failure is a result, not a harness crash
+        dur = time.perf_counter() - t0
+        if not case.declared:
+            return CaseResult.for_case(case, "skip", duration_s=dur, **kw, message=(
+                f"declared unsupported on {tg.backend}/{tg.device}; the kernel rejects it as declared: "
+                f"{type(e).__name__}: {e}"))
+        detail = str(e) if isinstance(e, RlxError) else f"{type(e).__name__}: {e}\n" + \
+            "".join(traceback.format_exception(e)[-3:])
+        return CaseResult.for_case(case, "error", duration_s=dur, message=detail.strip(), **kw)
+    ok, comps, tol = judge(case, inputs, ref, out)
+    dur = time.perf_counter() - t0
+    measured = dict(
+        max_abs_err=max((c.max_abs_err for c in comps), default=0.0),
+        max_rel_err=max((c.max_rel_err for c in comps), default=0.0),
+        max_ulp=max((c.max_ulp for c in comps), default=0.0),
+        tolerance=tol.to_json() if tol else None, duration_s=dur, **kw)
+    msg = "; ".join(c.message for c in comps if c.message)
+    if not case.declared:
+        if ok:
+            return CaseResult.for_case(case, "fail", message=(
+                f"declared unsupported on {tg.backend}/{tg.device}, but the kernel runs {case.dtype} and "
+                "matches the reference: add the dtype to the kernel's declaration"), **measured)
+        return CaseResult.for_case(case, "skip", message=(
+            f"declared unsupported on {tg.backend}/{tg.device} (runs, but disagrees: {msg})"), **measured)
+    return CaseResult.for_case(case, "pass" if ok else "fail", message=msg, **measured)

@@ -1,0 +1,205 @@
+"""Runs cases in isolated worker processes.
+
+A kernel may kill its process (a signal from native code) or hang; neither may end the run or
+lose results. Each worker runs a task (a few cases sharing inputs) and reports each result as it
+finishes; when a worker dies, the first unreported case of its task is recorded as ``crash``, when
+it is silent past the timeout it is killed and the case recorded as ``timeout``; the rest of the
+task goes back on the queue and a fresh worker takes over.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+from .errors import RlxError
+from .matrix import Case
+from .results import CaseResult
+from .tolerances import known_divergence
+
+DEFAULT_TIMEOUT = 60.0
+
+
+def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
+    """Known divergences turn failures into xfail and passes into xpass (strict)."""
+    d = known_divergence(case)
+    if d is None or r.outcome == "skip":
+        return r
+    r.divergence = {"category": d.category, "reason": d.reason, "link": d.link}
+    if r.outcome == "pass":
+        r.outcome = "xpass"
+        r.message = f"known divergence ({d.category}) no longer reproduces: {d.reason}"
+    elif r.outcome in ("fail", "error", "crash", "timeout"):
+        r.message = f"known divergence ({d.category}: {d.reason}) — was {r.outcome}: {r.message}"
+        r.outcome = "xfail"
+    return r
+
+
+def _worker_main(conn: Connection, env: dict[str, str], init: str | None) -> None:
+    os.environ.update(env)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    from .execute import run_case
+
+    if init:  # "module:function", e.g. registering a contributed kernel in every worker
+        import importlib
+
+        mod, _, fn = init.partition(":")
+        getattr(importlib.import_module(mod), fn)()
+
+    conn.send(("ready", None))
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        for i, case in enumerate(task):
+            conn.send((i, run_case(case)))
+        conn.send(("done", None))
+
+
+@dataclass
+class _Worker:
+    proc: mp.process.BaseProcess
+    conn: Connection
+    task: list[Case] = field(default_factory=list)
+    next: int = 0
+    deadline: float = float("inf")
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class Runner:
+    """Process pool with crash and timeout isolation. ``workers=0`` runs in-process (no isolation)."""
+
+    def __init__(self, workers: int | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 task_size: int = 24, env: dict[str, str] | None = None, init: str | None = None):
+        self.workers = os.cpu_count() or 1 if workers is None else workers
+        self.timeout = timeout
+        self.task_size = task_size
+        self.env = env or {}
+        self.init = init
+        self._ctx = mp.get_context("spawn")
+
+    def _tasks(self, cases: Sequence[Case]) -> deque[list[Case]]:
+        """Tasks of ~task_size cases; cases sharing an input id stay together (one reference)."""
+        tasks: deque[list[Case]] = deque()
+        cur: list[Case] = []
+        for i, c in enumerate(cases):
+            cur.append(c)
+            nxt = cases[i + 1] if i + 1 < len(cases) else None
+            if len(cur) >= self.task_size and (nxt is None or nxt.input_id != c.input_id):
+                tasks.append(cur)
+                cur = []
+        if cur:
+            tasks.append(cur)
+        return tasks
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        p = self._ctx.Process(target=_worker_main, args=(child, self.env, self.init), daemon=True)
+        p.start()
+        child.close()
+        # A worker that cannot even start (import error, bad environment) would otherwise be
+        # replaced forever, one "crash" per case: fail the run once, with the reason.
+        if not parent.poll(120) or parent.recv()[0] != "ready":
+            p.kill()
+            raise RlxError(f"a worker process failed to start ({_signal_name(p.exitcode)}); "
+                           "run with --workers 0 to see the error")
+        return _Worker(p, parent)
+
+    def run(self, cases: Iterable[Case]) -> Iterator[CaseResult]:
+        cases = list(cases)
+        if self.workers == 0:
+            from .execute import run_case
+
+            if self.init:
+                import importlib
+
+                mod, _, fn = self.init.partition(":")
+                getattr(importlib.import_module(mod), fn)()
+            for c in cases:
+                yield apply_divergence(c, run_case(c))
+            return
+        tasks = self._tasks(cases)
+        pool: list[_Worker] = []
+        try:
+            for _ in range(min(self.workers, len(tasks))):
+                pool.append(self._spawn())
+            idle = list(pool)
+            while tasks or any(w.task for w in pool):
+                while idle and tasks:
+                    w = idle.pop()
+                    w.task, w.next = tasks.popleft(), 0
+                    w.deadline = time.monotonic() + self.timeout
+                    w.conn.send(w.task)
+                busy = [w for w in pool if w.task]
+                timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+                ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout)
+                for w in busy:
+                    dead = False
+                    while w.conn in ready or w.proc.sentinel in ready:
+                        try:
+                            if not w.conn.poll():
+                                dead = not w.proc.is_alive() or w.proc.sentinel in ready
+                                break
+                            i, res = w.conn.recv()
+                        except (EOFError, OSError):
+                            dead = True
+                            break
+                        if i == "done":
+                            w.task = []
+                            idle.append(w)
+                            break
+                        w.next = i + 1
+                        w.deadline = time.monotonic() + self.timeout
+                        yield apply_divergence(w.task[i], res)
+                    if w.task and (dead or time.monotonic() > w.deadline):
+                        yield from self._replace(w, pool, idle, tasks, timed_out=not dead)
+        finally:
+            for w in pool:
+                try:
+                    w.conn.send(None)
+                except (OSError, BrokenPipeError):
+                    pass
+            for w in pool:
+                w.proc.join(timeout=2)
+                if w.proc.is_alive():
+                    w.proc.kill()
+                    w.proc.join()
+
+    def _replace(self, w: _Worker, pool, idle, tasks, timed_out: bool) -> Iterator[CaseResult]:
+        """Record the in-flight case as crash/timeout, requeue the rest, start a fresh worker."""
+        case = w.task[w.next]
+        if timed_out:
+            w.proc.kill()
+        w.proc.join()
+        if timed_out:
+            r = CaseResult.for_case(case, "timeout", duration_s=self.timeout,
+                                    message=f"no result within {self.timeout:g} s; worker killed")
+        else:
+            r = CaseResult.for_case(case, "crash", message=(
+                f"worker process died ({_signal_name(w.proc.exitcode)}) while running this case"))
+        rest = w.task[w.next + 1:]
+        if rest:
+            tasks.appendleft(rest)
+        pool.remove(w)
+        nw = self._spawn()
+        pool.append(nw)
+        idle.append(nw)
+        yield apply_divergence(case, r)

@@ -1,0 +1,75 @@
+"""Tolerances (cases/tolerances.toml) and known divergences (cases/known_divergences.toml)."""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from functools import cache
+
+from . import data
+from .compare import Tolerance
+from .errors import RlxError
+
+CATEGORIES = ("unimplemented", "undefined-by-spec", "backend-bug", "precision")
+
+
+@cache
+def tolerance_for(op: str, dtype: str) -> Tolerance:
+    """The tolerance of (op, output dtype): the first matching override, else the dtype default."""
+    table = data.load("tolerances.toml")
+    for i, o in enumerate(table.get("override", [])):
+        if not o.get("reason"):
+            raise RlxError(f"cases/tolerances.toml override #{i + 1} ({o.get('op')}) has no reason")
+        if fnmatch.fnmatchcase(op, o["op"]) and o.get("dtype", dtype) == dtype:
+            d = table["defaults"].get(dtype, {})
+            return Tolerance(max_ulp=float(o.get("max_ulp", d.get("max_ulp", 0))),
+                             rtol=float(o.get("rtol", 0)), atol=float(o.get("atol", 0)),
+                             source=f"override:{o['op']}" + (f"/{o['dtype']}" if "dtype" in o else ""))
+    d = table["defaults"].get(dtype)
+    if d is None:
+        raise RlxError(f"cases/tolerances.toml has no [defaults.{dtype}]")
+    return Tolerance(max_ulp=float(d.get("max_ulp", 0)), rtol=float(d.get("rtol", 0)),
+                     atol=float(d.get("atol", 0)), source=f"default:{dtype}")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    op: str
+    category: str
+    reason: str
+    dtype: str | None = None
+    backend: str | None = None
+    device: str | None = None
+    mode: str | None = None
+    id: str | None = None
+    link: str | None = None
+
+    def matches(self, case) -> bool:
+        t = case.target
+        return (fnmatch.fnmatchcase(case.op, self.op)
+                and self.dtype in (None, case.dtype) and self.backend in (None, t.backend)
+                and self.device in (None, t.device) and self.mode in (None, t.mode)
+                and (self.id is None or fnmatch.fnmatchcase(case.id, self.id)))
+
+
+@cache
+def divergences() -> tuple[Divergence, ...]:
+    raw = data.load("known_divergences.toml").get("divergence", [])
+    out = []
+    for i, d in enumerate(raw):
+        where = f"cases/known_divergences.toml entry #{i + 1} ({d.get('op', '?')})"
+        if d.get("category") not in CATEGORIES:
+            raise RlxError(f"{where}: category must be one of {', '.join(CATEGORIES)}")
+        if not d.get("reason"):
+            raise RlxError(f"{where}: needs a reason")
+        try:
+            out.append(Divergence(**d))
+        except TypeError as e:
+            raise RlxError(f"{where}: {e}") from None
+    return tuple(out)
+
+
+def known_divergence(case) -> Divergence | None:
+    for d in divergences():
+        if d.matches(case):
+            return d
+    return None
