@@ -180,7 +180,12 @@ def make_array(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str, 
         out = _spread(stream, n, dtype)
     elif dt.is_int(dtype):
         dlo, dhi = dt.iinfo(dtype)
-        out = stream.integers(n, max(int(lo), dlo), min(int(hi), dhi)).astype(npd)
+        lo, hi = max(int(lo), dlo), min(int(hi), dhi)
+        if spec.get("exclude_zero") and lo <= 0 <= hi:
+            v = stream.integers(n, lo, hi - 1)
+            out = np.where(v >= 0, v + 1, v).astype(npd)
+        else:
+            out = stream.integers(n, lo, hi).astype(npd)
     else:
         u = stream.uniform(n, lo, hi)
         if spec.get("integers_only"):

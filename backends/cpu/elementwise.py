@@ -156,7 +156,9 @@ def fma(a, b, c):
     a, b, c = np.broadcast_arrays(a, b, c)
     out = (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(a.dtype)
     finite = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
-    for i in zip(*np.nonzero(finite)):
+    for i in np.ndindex(out.shape):
+        if not finite[i]:
+            continue
         q = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
         if q != 0:  # an exact zero keeps the IEEE sign rule of the float computation
             out[i] = round_fraction(q, a.dtype)

@@ -1,0 +1,125 @@
+"""One run of the matrix, shared by every front (CLI, pytest plugin, API): options → targets →
+cases → runner → results.json. Fronts only present what this returns."""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import results as res
+from .errors import RlxError
+from .matrix import Case, Target, generate
+from .runner import DEFAULT_TIMEOUT, Runner
+
+ALL_MODES = ("eager", "lazy", "compiled")
+
+
+def backend_targets(backend: str, devices: Sequence[str] | str = "cpu",
+                    modes: Sequence[str] | str | None = None) -> list[Target]:
+    """Targets for a backend. devices/modes may be "all"; modes None = the backend default
+    (for MLX: RLX_MLX_MODE, else compiled). A requested device that this machine lacks still
+    yields targets: their cases report skip with the reason."""
+    from backends import get_backend
+
+    b = get_backend(backend)
+    if devices == "all":
+        devices = b.devices()
+    elif isinstance(devices, str):
+        devices = [devices]
+    for d in devices:
+        if d not in b.all_devices():
+            raise RlxError(f"{backend} has no device {d!r} (devices: {', '.join(b.all_devices())})")
+    if modes == "all":
+        modes = b.modes
+    elif modes is None:
+        modes = [b.default_mode]
+    elif isinstance(modes, str):
+        modes = [modes]
+    for m in modes:
+        if m not in b.modes:
+            raise RlxError(f"{backend} has no mode {m!r} (modes: {', '.join(b.modes)})")
+    return [Target(backend, d, m) for d in devices for m in modes]
+
+
+def supports(t: Target, op: str, dtype: str) -> bool:
+    from backends import get_backend
+
+    return get_backend(t.backend).supports(op, dtype, t.device)
+
+
+def build_cases(targets: Sequence[Target], ops: Sequence[str] | None = None,
+                dtypes: Sequence[str] | None = None) -> list[Case]:
+    return generate(targets, ops=ops, dtypes=dtypes, supports=supports)
+
+
+def find_case(case_id: str) -> Case:
+    """The case with this id (ids are stable: regenerated from the registry and cases/)."""
+    parts = case_id.strip().split("/")
+    if len(parts) < 4:
+        raise RlxError(f"not a case id: {case_id!r} (e.g. exp/float16/shape:1031/vals:special/mlx-cpu-compiled)")
+    target = Target.parse(parts[-1])
+    for c in build_cases([target], ops=[parts[0]]):
+        if c.id == case_id.strip():
+            return c
+    raise RlxError(f"no case with id {case_id!r} in the current matrix")
+
+
+def default_report_dir() -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("reports") / f"run-{stamp}"
+
+
+@dataclass
+class Run:
+    """The result of a run: per-case records, metadata, and where results.json went."""
+
+    results: list[res.CaseResult] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def failed(self) -> bool:
+        return any(r.outcome in res.BAD for r in self.results)
+
+
+def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | None = None,
+            timeout: float = DEFAULT_TIMEOUT, init: str | None = None,
+            on_result: Callable[[res.CaseResult], None] | None = None, meta: dict | None = None) -> Run:
+    """Run cases in isolated workers, stream them to a journal, write results.json atomically
+    (also after Ctrl-C: what was gathered is kept, with run.interrupted = true)."""
+    run = Run()
+    started = _dt.datetime.now(_dt.timezone.utc)
+    t0 = time.perf_counter()
+    journal = res.Journal(report_dir / "results.partial.jsonl") if report_dir else None
+    interrupted = False
+    try:
+        for r in Runner(workers=workers, timeout=timeout, init=init).run(cases):
+            run.results.append(r)
+            if journal:
+                journal.add(r)
+            if on_result:
+                on_result(r)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        targets = sorted({str(c.target) for c in cases})
+        run.meta = res.run_metadata(
+            start=started.isoformat(timespec="seconds"), wall_s=round(time.perf_counter() - t0, 3),
+            targets=targets, backend=sorted({c.target.backend for c in cases}),
+            device=sorted({c.target.device for c in cases}), modes=sorted({c.target.mode for c in cases}),
+            seed="sha256(case input id)", cases_planned=len(cases), interrupted=interrupted,
+            **(meta or {}))
+        if report_dir:
+            run.path = report_dir / "results.json"
+            res.write_results(run.path, run.meta, run.results)
+            journal.close(remove=True)
+    if interrupted:
+        raise KeyboardInterrupt
+    return run
+
+
+def iter_ids(cases: Sequence[Case]) -> Iterator[str]:
+    for c in cases:
+        yield c.id
