@@ -3,6 +3,8 @@
 Float kernels receive float32 or float64 arrays (float16/bfloat16 were widened to float32 by the
 backend) and return the same dtype. ``_f64`` evaluates a float32 op in float64 and rounds once,
 which makes the reference (nearly) correctly rounded rather than as good as numpy's float32 libm.
+At +-inf the reference takes each function's limit (gelu(-inf) = -0, softsign(inf) = 1), not
+the NaN that evaluating its formula literally gives.
 """
 from __future__ import annotations
 
@@ -31,12 +33,20 @@ def _is_int(x: np.ndarray) -> bool:
 
 
 # -- activations ---------------------------------------------------------------------------------
+def _gated(fn):
+    """x * g(x) with g(-inf) = 0: the continuous extension at -inf is -0 (the limit), not the NaN
+    of -inf * 0; at +inf it is +inf."""
+    def run(x):
+        return np.where(np.isinf(x), np.where(x > 0, x, -0.0), fn(x))
+    return run
+
+
 ACTIVATIONS = {
     # Phi(x) = erfc(-x/sqrt2)/2 stays accurate for negative x, where 1 + erf(x/sqrt2) cancels.
-    "gelu": lambda x: x * 0.5 * sp.erfc(-x / np.sqrt(2.0)),
+    "gelu": _gated(lambda x: x * 0.5 * sp.erfc(-x / np.sqrt(2.0))),
     # 0.5 (1 + tanh z) = sigmoid(2z): the same function without the cancellation for z << 0.
-    "gelu_approx": lambda x: x * sp.expit(2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)),
-    "silu": lambda x: x * sp.expit(x),
+    "gelu_approx": _gated(lambda x: x * sp.expit(2 * np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+    "silu": _gated(lambda x: x * sp.expit(x)),
     "relu": lambda x: np.where(np.isnan(x), x, np.maximum(x, 0)),
     "sigmoid": sp.expit,
     "tanh": np.tanh,
@@ -58,9 +68,9 @@ ACTIVATIONS = {
     "softplus": lambda x: np.logaddexp(0.0, x),
     "elu": lambda x: np.where(x > 0, x, np.expm1(x)),
     "erf": sp.erf,
-    "hard_swish": lambda x: x * np.clip(x + 3, 0, 6) / 6,
+    "hard_swish": _gated(lambda x: x * np.clip(x + 3, 0, 6) / 6),
     "hard_sigmoid": lambda x: np.clip(x / 6 + 0.5, 0, 1),
-    "mish": lambda x: x * np.tanh(np.logaddexp(0.0, x)),
+    "mish": _gated(lambda x: x * np.tanh(np.logaddexp(0.0, x))),
     # The continuous extension at +-inf (the limit +-1), not the NaN of inf/inf.
     "softsign": lambda x: np.where(np.isinf(x), np.sign(x), x / (1 + np.abs(x))),
     "log_sigmoid": lambda x: np.minimum(x, 0) - np.log1p(np.exp(-np.abs(x))),
