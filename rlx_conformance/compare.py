@@ -17,7 +17,7 @@ def ordered_bits(x: np.ndarray) -> np.ndarray:
     """Float bits → uint64 whose order is the numeric order; +0 and -0 coincide. NaN is undefined."""
     name = dt.name_of(x.dtype)
     fi = dt.finfo(name)
-    bits = np.ascontiguousarray(x).view(fi.uint).astype(np.uint64)
+    bits = np.ascontiguousarray(x).view(fi.uint).reshape(np.shape(x)).astype(np.uint64)
     sign = np.uint64(1) << np.uint64(fi.bits - 1)
     mag = bits & (sign - np.uint64(1))
     offset = np.uint64(1) << np.uint64(63)
@@ -41,8 +41,8 @@ def ulp_size(x: np.ndarray, dtype: str) -> np.ndarray:
     """Spacing of the dtype at |x| (the gap to the next representable magnitude), as float64."""
     fi = dt.finfo(dtype)
     ax = np.abs(np.asarray(x, np.float64))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        e = np.floor(np.log2(np.where(ax > 0, ax, fi.tiny)))
+    _, e = np.frexp(ax)  # exact exponent (log2 rounds up just below powers of two); finite for inf/NaN
+    e = np.where(ax > 0, e.astype(np.float64) - 1, np.log2(fi.tiny))  # frexp(0) has exponent 0
     e = np.maximum(e, np.log2(fi.tiny))
     return np.exp2(e - fi.mant_bits)
 

@@ -129,8 +129,13 @@ class Runner:
         child.close()
         # A worker that cannot even start (import error, bad environment) would otherwise be
         # replaced forever, one "crash" per case: fail the run once, with the reason.
-        if not parent.poll(120) or parent.recv()[0] != "ready":
+        try:
+            ok = parent.poll(120) and parent.recv()[0] == "ready"
+        except (EOFError, OSError):
+            ok = False
+        if not ok:
             p.kill()
+            p.join()
             raise RlxError(f"a worker process failed to start ({_signal_name(p.exitcode)}); "
                            "run with --workers 0 to see the error")
         return _Worker(p, parent)

@@ -1,0 +1,47 @@
+"""Deliberately broken MLX kernels for the runner's isolation tests.
+
+``install_broken_neg`` is a ``Runner(init="kernels_for_tests:install_broken_neg")`` hook: it runs
+in every worker process at start and replaces the MLX ``neg`` kernel with one that misbehaves for
+a few input sizes only, so the other cases of the same run show that nothing else was lost.
+The module is importable in spawned workers because spawn hands the parent's sys.path to the
+child, and tests/conftest.py puts tests/ on it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+# Sizes of the unary shape families in cases/shapes/core.toml (scalar and "one" both have size 1,
+# so neither is used).
+SEGV_SIZE = 7  # "odd", [[7]]: killed by SIGSEGV, as by a fault in native code
+ABORT_SIZE = 15  # "matrix", [[3, 5]]: os.abort(), as by a failed assertion in native code
+HANG_SIZE = 24  # "rank3", [[2, 3, 4]]: never returns within a test's timeout
+
+
+def broken_neg(x):
+    """-x, except for the sizes above. In compiled mode the misbehaviour happens while tracing
+    (shapes are static there too), so every mode sees it."""
+    import mlx.core as mx
+
+    if x.size == SEGV_SIZE:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if x.size == ABORT_SIZE:
+        os.abort()
+    if x.size == HANG_SIZE:
+        time.sleep(60)
+    return mx.negative(x)
+
+
+def install_broken_neg() -> None:
+    from backends import get_backend
+
+    mlx = get_backend("mlx")
+    old = mlx.kernels["neg"]
+    # Keep the original per-device dtype claims: only the behaviour changes, not the declaration.
+    mlx.register("neg", broken_neg, devices=dict(old.dtypes), replace=True, origin="tests")
+
+
+def broken_init() -> None:
+    """An init hook that fails: the worker cannot start at all."""
+    raise RuntimeError("deliberately broken init hook")

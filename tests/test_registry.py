@@ -1,0 +1,206 @@
+"""Registry validation, kernel registration checks and the kernel output contract.
+
+Registration tests use fresh backend instances (never the global ones), so nothing here changes
+the kernels other tests see.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import backends
+from backends.cpu import CpuBackend
+from rlx_conformance.errors import (KernelContractError, RegistrationError, SpecError,
+                                    UnknownOpError, UnsupportedError)
+from rlx_conformance.registry import get_op
+
+
+def validate(op, shapes, dtypes, attrs=None):
+    return get_op(op).validate(shapes, dtypes, attrs)
+
+
+# -- SpecError -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("op,shapes,dtypes,attrs,message", [
+    ("add", [(3,)], ["float32"], None, r"^add: expects 2 input\(s\) \(a, b\), got 1$"),
+    ("neg", [(3,), (3,)], ["float32", "float32"], None, r"^neg: expects 1 input\(s\) \(x\), got 2$"),
+    ("neg", [(3,)], ["int32"], None, r"^neg: dtype int32 not supported \(supported: float32,"),
+    ("add", [(3,), (3,)], ["float32", "int32"], None,
+     r"^add: input b has dtype int32, expected float32 like the other T inputs$"),
+    ("where", [(3,), (3,), (3,)], ["float32", "float32", "float32"], None,
+     r"^where: input cond has dtype float32, expected one of bool$"),
+    ("neg", [(3,)], ["complex64"], None, r"^neg: input x has dtype complex64, not in the harness"),
+    ("neg", [(3,)], ["float32"], {"alpha": 1.0}, r"^neg: unknown attribute\(s\) alpha \(known: none\)$"),
+    ("reduce_sum", [(3,)], ["float32"], {"axis": 0},
+     r"^reduce_sum: unknown attribute\(s\) axis \(known: axes, keep_dim\)$"),
+    ("clamp", [(3,)], ["float32"], {"max": 1.0}, r"^clamp: missing required attribute min$"),
+    ("reduce_sum", [(3, 4)], ["float32"], {"axes": (5,)},
+     r"^reduce_sum: axes entry 5 out of range for rank 2$"),
+    ("reduce_sum", [(3, 4)], ["float32"], {"axes": (-3,)},
+     r"^reduce_sum: axes entry -3 out of range for rank 2$"),
+    ("reduce_sum", [(3, 4)], ["float32"], {"axes": (1, -1)}, r"^reduce_sum: repeated axis"),
+    ("reduce_sum", [(3,)], ["float32"], {"keep_dim": 1}, r"^reduce_sum: attribute keep_dim=1 is not a valid bool"),
+    ("reduce_sum", [(3,)], ["float32"], {"axes": (0.5,)}, r"^reduce_sum: attribute axes=\(0.5,\) is not a valid ints"),
+    ("clamp", [(3,)], ["float32"], {"min": 2.0, "max": 1.0}, r"^clamp: min=2.0 > max=1.0$"),
+    ("add", [(3,), (4,)], ["float32", "float32"], None, r"^add: shapes \(3,\) and \(4,\) do not broadcast$"),
+    ("where", [(2, 3), (3,), (2, 1, 4)], ["bool", "int8", "int8"], None,
+     r"^where: shapes \(2, 3\) and \(3,\) and \(2, 1, 4\) do not broadcast$"),
+])
+def test_spec_errors(op, shapes, dtypes, attrs, message):
+    with pytest.raises(SpecError, match=message):
+        validate(op, shapes, dtypes, attrs)
+
+
+def test_valid_calls_resolve_defaults_and_shapes():
+    attrs, outs = validate("reduce_sum", [(3, 4)], ["float32"], {"axes": [-1]})
+    assert attrs == {"axes": (-1,), "keep_dim": False}
+    assert outs == [((3,), "float32")]
+    _, outs = validate("add", [(3, 1), (1, 4)], ["int8", "int8"])
+    assert outs == [((3, 4), "int8")]
+    _, outs = validate("eq", [(2,), ()], ["bfloat16", "bfloat16"])
+    assert outs == [((2,), "bool")]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "mlx"])
+def test_backends_reject_like_the_registry(backend):
+    """Backend.run validates through the same spec, so every backend rejects the same inputs."""
+    b = backends.get_backend(backend)
+    with pytest.raises(SpecError, match="reduce_sum: axes entry 5 out of range for rank 2"):
+        b.run("reduce_sum", [np.zeros((2, 3), np.float32)], {"axes": (5,)}, "cpu", "eager")
+    with pytest.raises(SpecError, match="add: shapes"):
+        b.run("add", [np.zeros(3, np.float32), np.zeros(4, np.float32)], None, "cpu", "eager")
+    with pytest.raises(SpecError, match="input 0 is list"):
+        b.run("neg", [[1.0]], None, "cpu", "eager")
+    with pytest.raises(SpecError, match="complex64 is not in the harness"):
+        b.run("neg", [np.zeros(2, np.complex64)], None, "cpu", "eager")
+
+
+# -- UnknownOpError --------------------------------------------------------------------------------
+def test_unknown_op_suggests():
+    with pytest.raises(UnknownOpError) as ei:
+        get_op("reduce_summ")
+    assert str(ei.value).startswith("unknown op 'reduce_summ' (did you mean reduce_sum")
+    assert isinstance(ei.value, KeyError)
+
+
+def test_unknown_op_without_close_match():
+    with pytest.raises(UnknownOpError) as ei:
+        get_op("zzzzqqqq")
+    assert str(ei.value) == "unknown op 'zzzzqqqq'"  # not KeyError's quoted repr
+
+
+def test_backend_run_unknown_op():
+    with pytest.raises(UnknownOpError, match="did you mean neg"):
+        backends.get_backend("cpu").run("negg", [np.zeros(2, np.float32)])
+
+
+# -- RegistrationError -----------------------------------------------------------------------------
+def test_register_unknown_op():
+    with pytest.raises(RegistrationError, match=r"^cpu: cannot register a kernel for unknown op 'nope'$"):
+        CpuBackend().register("nope", lambda x: x)
+
+
+@pytest.mark.parametrize("op,fn,message", [
+    ("add", lambda a: a, r"^cpu kernel for 'add': takes 1 positional input\(s\), the spec has 2 \(a, b\)$"),
+    ("neg", lambda x, y: x, r"^cpu kernel for 'neg': takes 2 positional input\(s\), the spec has 1 \(x\)$"),
+    ("neg", lambda: 0, r"^cpu kernel for 'neg': takes 0 positional"),
+    ("reduce_sum", lambda x, axes=(): x,
+     r"^cpu kernel for 'reduce_sum': keyword parameters \['axes'\] do not match the spec's "
+     r"attributes \['axes', 'keep_dim'\]$"),
+    ("reduce_sum", lambda x, *, axis, keep_dim: x, r"^cpu kernel for 'reduce_sum': keyword parameters"),
+    ("neg", lambda x, alpha=1.0: x, r"^cpu kernel for 'neg': keyword parameters \['alpha'\]"),
+    ("neg", lambda x, **kw: x, None),  # **kw covers attributes, but neg has none: accepted
+    ("add", np.negative, r"^cpu kernel for 'add': ufunc negative takes 1 input\(s\)"),
+    ("clamp", np.negative, r"^cpu kernel for 'clamp': ufunc negative takes 1 input\(s\) and no attributes"),
+])
+def test_register_bad_signature(op, fn, message):
+    b = CpuBackend()
+    if message is None:
+        b.register(op, fn)
+        assert op in b.kernels
+        return
+    with pytest.raises(RegistrationError, match=message):
+        b.register(op, fn)
+    assert op not in b.kernels
+
+
+def test_register_good_signatures():
+    b = CpuBackend()
+    b.register("reduce_sum", lambda x, *, axes, keep_dim: x)
+    b.register("clamp", lambda x, **kw: x)
+    b.register("add", np.add)
+    b.register("neg", lambda *xs: xs[0])
+    assert {"reduce_sum", "clamp", "add", "neg"} <= set(b.kernels)
+
+
+def test_register_twice_needs_replace():
+    b = CpuBackend()
+    b.register("neg", np.negative)
+    with pytest.raises(RegistrationError, match=r"^cpu: a kernel for 'neg' is already registered$"):
+        b.register("neg", np.negative)
+    e = b.register("neg", np.positive, replace=True)
+    assert b.kernels["neg"] is e and e.fn is np.positive
+
+
+def test_register_dtype_and_device_claims():
+    b = CpuBackend()
+    with pytest.raises(RegistrationError, match=r"cpu kernel for 'neg': claims dtypes \['int32'\]"):
+        b.register("neg", np.negative, dtypes=["float32", "int32"])
+    with pytest.raises(RegistrationError, match=r"cpu kernel for 'neg': unknown device 'tpu'"):
+        b.register("neg", np.negative, devices={"tpu": ["float32"]})
+    b.register("neg", np.negative, dtypes=["float32"])
+    assert b.supports("neg", "float32", "cpu") and not b.supports("neg", "float64", "cpu")
+    with pytest.raises(UnsupportedError, match="cpu does not support neg on float64"):
+        b.run("neg", [np.zeros(2, np.float64)])
+    assert b.run("neg", [np.zeros(2, np.float64)], force=True)[0].dtype == np.float64
+
+
+def test_fresh_backend_has_no_kernel():
+    with pytest.raises(UnsupportedError, match="cpu has no kernel for 'neg'"):
+        CpuBackend().run("neg", [np.zeros(2, np.float32)])
+
+
+# -- KernelContractError ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fn,x,message", [
+    (lambda x: x[:1], np.zeros(3, np.float32), r"output 0 has shape \(1,\), the spec says \(3,\)"),
+    (lambda x: x.reshape(1, 3), np.zeros(3, np.float32), r"output 0 has shape \(1, 3\)"),
+    (lambda x: x.astype(np.float64), np.zeros(3, np.float32),
+     r"output 0 has dtype float64, the spec says float32"),
+    (lambda x: x.astype(np.int32), np.zeros(3, np.float32), r"output 0 has dtype int32"),
+    (lambda x: 3.0, np.zeros((), np.float32), r"output 0 is a float, not an array"),
+    (lambda x: "x", np.zeros((), np.float32), r"output 0 is a str, not an array"),
+    (lambda x: (x, x), np.zeros(3, np.float32), r"returned 2 output\(s\), the spec declares 1"),
+    # float16 in: the kernel gets float32 (low_precision "f32"), may return float32, not float64
+    (lambda x: x.astype(np.float64), np.zeros(3, np.float16), r"output 0 has dtype float64, the spec says float16"),
+])
+def test_cpu_kernel_contract(fn, x, message):
+    b = CpuBackend()
+    b.register("neg", fn)
+    with pytest.raises(KernelContractError, match=r"^cpu kernel for 'neg': " + message):
+        b.run("neg", [x])
+
+
+def test_low_precision_kernel_sees_float32_and_output_is_rounded_back():
+    seen = []
+
+    def k(x):
+        seen.append(x.dtype)
+        return -x
+
+    b = CpuBackend()
+    b.register("neg", k)
+    out = b.run("neg", [np.array([1.5, -2.0], np.float16)])[0]
+    assert seen == [np.float32] and out.dtype == np.float16
+    assert out.tolist() == [-1.5, 2.0]
+
+
+@pytest.mark.parametrize("mode", ["eager", "lazy", "compiled"])
+def test_mlx_kernel_contract(mode):
+    from backends.mlx import MlxBackend
+
+    b = MlxBackend()
+    b.register("neg", lambda x: x[:1])
+    with pytest.raises(KernelContractError, match=r"^mlx kernel for 'neg': output 0 has shape \(1,\)"):
+        b.run("neg", [np.zeros(3, np.float32)], None, "cpu", mode)
+    b.register("neg", lambda x: 3.0, replace=True)
+    with pytest.raises(KernelContractError, match=r"^mlx kernel for 'neg': output 0 is a float"):
+        b.run("neg", [np.zeros(3, np.float32)], None, "cpu", mode)

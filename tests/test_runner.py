@@ -1,0 +1,131 @@
+"""Crash and timeout isolation of rlx_conformance.runner.Runner.
+
+One run (module fixture, ~10 s) of eight MLX ``neg`` cases through a worker whose kernel, for three
+input sizes, dies by SIGSEGV, dies by SIGABRT, or hangs (tests/kernels_for_tests.py). Every case
+must come back exactly once, the broken ones as crash/timeout, the rest as passes.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import kernels_for_tests as kt
+from rlx_conformance import matrix, runner
+from rlx_conformance.errors import RlxError
+from rlx_conformance.results import CaseResult
+from rlx_conformance.tolerances import Divergence
+
+TIMEOUT = 3.0
+TARGET = matrix.Target("mlx", "cpu", "eager")
+
+
+def neg_cases() -> list[matrix.Case]:
+    cases = matrix.generate([TARGET], ops=["neg"], dtypes=["float32"])
+    return [c for c in cases if c.vals == "random"]
+
+
+@pytest.fixture(scope="module")
+def broken_run():
+    cases = neg_cases()
+    r = runner.Runner(workers=1, timeout=TIMEOUT, task_size=3, init="kernels_for_tests:install_broken_neg")
+    t0 = time.monotonic()
+    results = list(r.run(cases))
+    return cases, results, time.monotonic() - t0
+
+
+def by_size(cases, results, size):
+    ids = {c.id for c in cases if c.size() == size}
+    assert len(ids) == 1, f"expected one case of size {size}; shape families changed?"
+    return next(r for r in results if r.id in ids)
+
+
+def test_cases_cover_the_broken_sizes():
+    sizes = [c.size() for c in neg_cases()]
+    for s in (kt.SEGV_SIZE, kt.ABORT_SIZE, kt.HANG_SIZE):
+        assert sizes.count(s) == 1
+    assert len(sizes) >= 6  # and some healthy ones besides
+
+
+def test_no_result_lost_or_duplicated(broken_run):
+    cases, results, _ = broken_run
+    assert len(results) == len(cases)
+    assert sorted(r.id for r in results) == sorted(c.id for c in cases)
+
+
+def test_segfault_is_a_crash(broken_run):
+    r = by_size(*broken_run[:2], kt.SEGV_SIZE)
+    assert r.outcome == "crash"
+    assert "SIGSEGV" in r.message and "worker process died" in r.message
+
+
+def test_abort_is_a_crash(broken_run):
+    r = by_size(*broken_run[:2], kt.ABORT_SIZE)
+    assert r.outcome == "crash" and "SIGABRT" in r.message
+
+
+def test_hang_is_a_timeout(broken_run):
+    r = by_size(*broken_run[:2], kt.HANG_SIZE)
+    assert r.outcome == "timeout"
+    assert f"no result within {TIMEOUT:g} s" in r.message and r.duration_s == TIMEOUT
+
+
+def test_other_cases_pass(broken_run):
+    cases, results, _ = broken_run
+    broken = {kt.SEGV_SIZE, kt.ABORT_SIZE, kt.HANG_SIZE}
+    size = {c.id: c.size() for c in cases}
+    healthy = [r for r in results if size[r.id] not in broken]
+    assert healthy and all(r.outcome == "pass" for r in healthy), [(r.id, r.outcome, r.message)
+                                                                   for r in healthy]
+
+
+def test_crash_results_carry_case_metadata(broken_run):
+    r = by_size(*broken_run[:2], kt.SEGV_SIZE)
+    assert (r.op, r.dtype, r.shape, r.family) == ("neg", "float32", [[7]], "odd")
+    assert (r.backend, r.device, r.mode) == ("mlx", "cpu", "eager")
+
+
+def test_hang_costs_about_one_timeout(broken_run):
+    """The hung worker is killed at the timeout, not left to finish its 60 s sleep."""
+    assert broken_run[2] < 40
+
+
+def test_init_runs_only_in_workers():
+    from backends import get_backend
+
+    assert get_backend("mlx").kernels["neg"].fn is not kt.broken_neg
+
+
+def test_broken_init_fails_the_run_once():
+    r = runner.Runner(workers=1, timeout=TIMEOUT, init="kernels_for_tests:broken_init")
+    with pytest.raises(RlxError, match="failed to start"):
+        list(r.run(neg_cases()[:1]))
+
+
+def test_tasks_keep_input_ids_together():
+    """Cases that share inputs (same input id, other targets) stay in one task: one reference."""
+    targets = [matrix.Target("mlx", "cpu", m) for m in ("eager", "lazy", "compiled")]
+    cases = matrix.generate(targets, ops=["neg"], dtypes=["float32"])
+    tasks = runner.Runner(workers=1, task_size=2)._tasks(cases)
+    assert [c for t in tasks for c in t] == cases
+    for t in tasks:
+        assert len(t) >= 2
+    starts = [t[0].input_id for t in tasks]
+    ends = [t[-1].input_id for t in tasks]
+    for end, nxt in zip(ends, starts[1:]):
+        assert end != nxt
+
+
+# -- known divergences -------------------------------------------------------------------------------
+@pytest.mark.parametrize("outcome,expected", [
+    ("pass", "xpass"), ("fail", "xfail"), ("crash", "xfail"), ("timeout", "xfail"),
+    ("error", "xfail"), ("skip", "skip"),
+])
+def test_apply_divergence(monkeypatch, outcome, expected):
+    case = neg_cases()[0]
+    d = Divergence(op="neg", category="backend-bug", reason="test reason")
+    monkeypatch.setattr(runner, "known_divergence", lambda c: d if c is case else None)
+    r = runner.apply_divergence(case, CaseResult.for_case(case, outcome, message="m"))
+    assert r.outcome == expected
+    if expected != "skip":
+        assert r.divergence["reason"] == "test reason" and "test reason" in r.message
