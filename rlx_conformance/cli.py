@@ -54,7 +54,8 @@ def cmd_run(args) -> int:
             counts[r.outcome] += 1
             bar(r, counts)
         try:
-            run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result)
+            run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
+                          strict_divergences=not (args.case or args.shard))
         except KeyboardInterrupt:
             print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
             return 130
@@ -124,6 +125,8 @@ def _print_summary(run, show: int) -> None:
             f"{op} ({', '.join(f'{o} {n}' for (p, o), n in sorted(per_op.items()) if p == op)})" for op in ops))
     parts = [f"{summary[o]} {o}" for o in res.OUTCOMES if summary[o]]
     console.print(f"{summary['total']} cases in {run.meta.get('wall_s', 0):.1f} s: " + ", ".join(parts))
+    for w in run.meta.get("warnings", []):
+        console.print(f"warning: {w}")
     if run.path:
         console.print(f"results: {run.path}")
 

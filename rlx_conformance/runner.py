@@ -21,24 +21,35 @@ from multiprocessing.connection import Connection, wait
 from .errors import RlxError
 from .matrix import Case
 from .results import CaseResult
-from .tolerances import known_divergence
+from .tolerances import known_divergence, stale_entries
 
-DEFAULT_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = 60.0  # generous: MLX's CPU compile mode JIT-compiles C++ on first use
 
 
 def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
-    """Known divergences turn failures into xfail and passes into xpass (strict)."""
+    """A failure inside a known divergence's scope reports xfail; a pass inside it stays a pass
+    but carries the entry, so that :func:`finalize` can tell when an entry has gone stale."""
     d = known_divergence(case)
     if d is None or r.outcome == "skip":
         return r
-    r.divergence = {"category": d.category, "reason": d.reason, "link": d.link}
-    if r.outcome == "pass":
-        r.outcome = "xpass"
-        r.message = f"known divergence ({d.category}) no longer reproduces: {d.reason}"
-    elif r.outcome in ("fail", "error", "crash", "timeout"):
+    r.divergence = {"entry": d.index, "category": d.category, "reason": d.reason, "link": d.link}
+    if r.outcome in ("fail", "error", "crash", "timeout"):
         r.message = f"known divergence ({d.category}: {d.reason}) — was {r.outcome}: {r.message}"
         r.outcome = "xfail"
     return r
+
+
+def finalize(results: list[CaseResult]) -> list[str]:
+    """Strict known divergences: the passes of an entry none of whose cases failed become xpass.
+    Returns warnings (entries that matched no case)."""
+    stale, unmatched = stale_entries(results)
+    for r in results:
+        if r.divergence is not None and r.divergence["entry"] in stale and r.outcome == "pass":
+            r.outcome = "xpass"
+            r.message = (f"known divergence #{r.divergence['entry']} ({r.divergence['category']}) no longer "
+                         f"reproduces in any of its cases: remove it from cases/known_divergences.toml "
+                         f"({r.divergence['reason']})")
+    return [f"known divergence #{d.index} ({d.op}) matched no case" for d in unmatched]
 
 
 def _worker_main(conn: Connection, env: dict[str, str], init: str | None) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from . import results as res
 from .errors import RlxError
 from .matrix import Case, Target, generate
-from .runner import DEFAULT_TIMEOUT, Runner
+from .runner import DEFAULT_TIMEOUT, Runner, finalize
 
 ALL_MODES = ("eager", "lazy", "compiled")
 
@@ -86,9 +86,12 @@ class Run:
 
 def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | None = None,
             timeout: float = DEFAULT_TIMEOUT, init: str | None = None,
-            on_result: Callable[[res.CaseResult], None] | None = None, meta: dict | None = None) -> Run:
+            on_result: Callable[[res.CaseResult], None] | None = None, meta: dict | None = None,
+            strict_divergences: bool = True) -> Run:
     """Run cases in isolated workers, stream them to a journal, write results.json atomically
-    (also after Ctrl-C: what was gathered is kept, with run.interrupted = true)."""
+    (also after Ctrl-C: what was gathered is kept, with run.interrupted = true).
+    ``strict_divergences``: turn the passes of stale known-divergence entries into xpass; only
+    meaningful when the run holds every case of those entries (not for --case or --shard)."""
     run = Run()
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
@@ -104,12 +107,14 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        warnings = finalize(run.results) if strict_divergences and not interrupted else []
         targets = sorted({str(c.target) for c in cases})
         run.meta = res.run_metadata(
             start=started.isoformat(timespec="seconds"), wall_s=round(time.perf_counter() - t0, 3),
             targets=targets, backend=sorted({c.target.backend for c in cases}),
             device=sorted({c.target.device for c in cases}), modes=sorted({c.target.mode for c in cases}),
             seed="sha256(case input id)", cases_planned=len(cases), interrupted=interrupted,
+            warnings=warnings,
             **(meta or {}))
         if report_dir:
             run.path = report_dir / "results.json"

@@ -33,6 +33,10 @@ def tolerance_for(op: str, dtype: str) -> Tolerance:
 
 @dataclass(frozen=True)
 class Divergence:
+    """A known divergence. It scopes a set of cases; the failures among them report xfail. When
+    none of its cases fails any more the entry is stale: its cases report xpass (strict)."""
+
+    index: int  # position in the file, the entry's identity in reports
     op: str
     category: str
     reason: str
@@ -62,10 +66,23 @@ def divergences() -> tuple[Divergence, ...]:
         if not d.get("reason"):
             raise RlxError(f"{where}: needs a reason")
         try:
-            out.append(Divergence(**d))
+            out.append(Divergence(index=i + 1, **d))
         except TypeError as e:
             raise RlxError(f"{where}: {e}") from None
     return tuple(out)
+
+
+def stale_entries(results) -> tuple[list[int], list[Divergence]]:
+    """Entries none of whose matched cases failed (xpass: the divergence is gone), and entries
+    that matched no case at all (a warning: the scope is wrong or the cases were removed)."""
+    matched: dict[int, bool] = {}
+    for r in results:
+        if r.divergence is not None:
+            i = r.divergence["entry"]
+            matched[i] = matched.get(i, False) or r.outcome == "xfail"
+    stale = [i for i, failed in matched.items() if not failed]
+    unmatched = [d for d in divergences() if d.index not in matched]
+    return stale, unmatched
 
 
 def known_divergence(case) -> Divergence | None:

@@ -69,7 +69,9 @@ ACTIVATIONS = {
     "elu": lambda x: np.where(x > 0, x, np.expm1(x)),
     "erf": sp.erf,
     "hard_swish": _gated(lambda x: x * np.clip(x + 3, 0, 6) / 6),
-    "hard_sigmoid": lambda x: np.clip(x / 6 + 0.5, 0, 1),
+    # (x + 3) / 6, not x/6 + 1/2: x + 3 is exact near the zero crossing (Sterbenz), so float64
+    # inputs (which get no wider evaluation) keep full relative accuracy there.
+    "hard_sigmoid": lambda x: np.clip((x + 3) / 6, 0, 1),
     "mish": _gated(lambda x: x * np.tanh(np.logaddexp(0.0, x))),
     # The continuous extension at +-inf (the limit +-1), not the NaN of inf/inf.
     "softsign": lambda x: np.where(np.isinf(x), np.sign(x), x / (1 + np.abs(x))),
