@@ -182,7 +182,10 @@ def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
                     except SpecError:
                         continue  # e.g. an axis sweep on a scalar, or min > max
                     attr_items = tuple((a.name, resolved[a.name]) for a in spec.attrs)
-                    for vals in spec.values:
+                    # An input set with no elements is the same under every value class.
+                    classes = spec.values[:1] if spec.generate is None and all(
+                        math.prod(sh) == 0 for sh in shapes) else spec.values
+                    for vals in classes:
                         for tg in targets:
                             declared = supports(tg, spec.name, t) if supports else True
                             cases.append(Case(spec.name, t, shapes, fam, attr_items, vals, tg, declared))

@@ -174,7 +174,7 @@ class Runner:
                 while idle and tasks:
                     w = idle.pop()
                     w.task, w.next = tasks.popleft(), 0
-                    w.deadline = time.monotonic() + self.timeout
+                    w.deadline = time.monotonic() + self._timeout(w.task[0])
                     w.conn.send(w.task)
                 busy = [w for w in pool if w.task]
                 timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
@@ -195,7 +195,8 @@ class Runner:
                             idle.append(w)
                             break
                         w.next = i + 1
-                        w.deadline = time.monotonic() + self.timeout
+                        if w.next < len(w.task):
+                            w.deadline = time.monotonic() + self._timeout(w.task[w.next])
                         yield apply_divergence(w.task[i], res)
                     if w.task and (dead or time.monotonic() > w.deadline):
                         yield from self._replace(w, pool, idle, tasks, timed_out=not dead)
@@ -211,6 +212,11 @@ class Runner:
                     w.proc.kill()
                     w.proc.join()
 
+    def _timeout(self, case: Case) -> float:
+        """The runner's timeout, or a known hang's shorter one (cases/known_divergences.toml)."""
+        d = known_divergence(case)
+        return d.timeout if d is not None and d.timeout else self.timeout
+
     def _replace(self, w: _Worker, pool, idle, tasks, timed_out: bool) -> Iterator[CaseResult]:
         """Record the in-flight case as crash/timeout, requeue the rest, start a fresh worker."""
         case = w.task[w.next]
@@ -218,8 +224,9 @@ class Runner:
             w.proc.kill()
         w.proc.join()
         if timed_out:
-            r = CaseResult.for_case(case, "timeout", duration_s=self.timeout,
-                                    message=f"no result within {self.timeout:g} s; worker killed")
+            limit = self._timeout(case)
+            r = CaseResult.for_case(case, "timeout", duration_s=limit,
+                                    message=f"no result within {limit:g} s; worker killed")
         else:
             r = CaseResult.for_case(case, "crash", message=(
                 f"worker process died ({_signal_name(w.proc.exitcode)}) while running this case"))

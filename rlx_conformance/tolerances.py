@@ -46,6 +46,7 @@ class Divergence:
     mode: str | None = None
     id: str | None = None
     link: str | None = None
+    timeout: float | None = None  # a known hang: kill its cases after this many seconds
 
     def matches(self, case) -> bool:
         t = case.target
