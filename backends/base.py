@@ -157,6 +157,8 @@ class Backend:
         except ValueError as e:
             raise SpecError(f"{op}: {e}") from None
         attrs, outs = spec.validate([x.shape for x in arrays], in_dtypes, attrs)
+        if spec.check_values is not None:
+            spec.check_values(arrays, attrs)
         entry = self.entry(op)
         t = type_var(spec, in_dtypes) or outs[0][1]
         if not force and not self.supports(op, t, device):

@@ -87,9 +87,11 @@ def run_case(case: Case) -> CaseResult:
         stream = backend.stream_for(entry, [d for d in case.spec.case_dtypes(case.dtype, len(inputs))], tg.device)
         if stream != tg.device:
             kw["stream"] = stream
+    t1 = time.perf_counter()
     try:
         out = backend.run(case.op, [x.copy() for x in inputs], case.attr_dict, tg.device, tg.mode,
                           force=not case.declared)
+        kw["backend_s"] = time.perf_counter() - t1
     except UnsupportedError as e:
         return CaseResult.for_case(case, "skip", duration_s=time.perf_counter() - t0, message=str(e), **kw)
     except Exception as e:  # noqa: BLE001 — any kernel failure is a result, not a harness crash

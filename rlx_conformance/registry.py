@@ -144,6 +144,10 @@ class OpSpec:
     # -> list of numpy arrays, where stream(k) is input k's deterministic Stream and ``shapes`` is
     # the shape family's entry.
     generate: Callable[..., list[np.ndarray]] | None = None
+    # Validation of input *values* on the host before any backend sees them (index ranges, CSR
+    # structure): check_values(inputs, attrs) raises SpecError. MLX does no bounds checking, so an
+    # out-of-range index must never reach it. Backend.run calls it after the shape checks.
+    check_values: Callable[..., None] | None = None
     # Error inputs (bad shapes, attributes, indices, dtypes) that every backend must reject:
     # a list of (description, inputs, attrs). Used by validate's error-input parity check.
     error_inputs: Callable[[], list[tuple[str, list[np.ndarray], dict[str, Any]]]] | None = None

@@ -37,7 +37,8 @@ class CaseResult:
     max_rel_err: float | None = None
     max_ulp: float | None = None
     tolerance: dict[str, Any] | None = None
-    duration_s: float = 0.0
+    duration_s: float = 0.0  # the whole case in its worker: inputs, reference, target, comparison
+    backend_s: float = 0.0  # of which the target backend's run
     message: str = ""
     seed: int = 0
     declared: bool = True
