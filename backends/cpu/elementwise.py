@@ -166,7 +166,7 @@ def round_fraction(q: Fraction, dtype: np.dtype) -> float:
 def fma(a, b, c):
     """a*b + c rounded once: exact rational arithmetic for finite operands, IEEE rules otherwise."""
     a, b, c = np.broadcast_arrays(a, b, c)
-    out = (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(a.dtype)
+    out = np.array(a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64), dtype=a.dtype)
     finite = np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
     for i in np.ndindex(out.shape):
         if not finite[i]:

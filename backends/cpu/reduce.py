@@ -55,6 +55,8 @@ def arg_min(x, *, axis, keep_dim):
 
 @kernel("softmax")
 def softmax(x, *, axis):
+    if x.size == 0:
+        return x.copy()
     x64 = x.astype(np.float64)
     e = np.exp(x64 - np.max(x64, axis=axis, keepdims=True))
     return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
@@ -67,7 +69,7 @@ def _scan(accumulate, identity):
         if reverse:
             work = np.flip(work, axis)
         out = accumulate(work, axis=axis, dtype=work.dtype)
-        if exclusive:
+        if exclusive and out.shape[axis]:
             ident = np.full_like(np.take(out, [0], axis=axis), identity(x.dtype))
             out = np.concatenate([ident, np.take(out, np.arange(out.shape[axis] - 1), axis=axis)], axis=axis)
         if reverse:

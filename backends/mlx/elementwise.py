@@ -2,6 +2,7 @@
 the op, otherwise the OPS.md formula composed from MLX primitives (as a lowering to MLX would)."""
 from __future__ import annotations
 
+import builtins
 import math
 
 import mlx.core as mx
@@ -129,7 +130,10 @@ def fma(a, b, c):
 @kernel("clamp")
 def clamp(x, *, min, max):
     if _is_int(x):
-        lo, hi = math.ceil(min), math.floor(max)
+        # Bounds outside the dtype's range cannot bind; converting them would wrap (-3 -> 253).
+        info = mx.iinfo(x.dtype)
+        lo = builtins.min(builtins.max(math.ceil(min), info.min), info.max)
+        hi = builtins.max(builtins.min(math.floor(max), info.max), info.min)
         return mx.clip(x, mx.array(lo, dtype=x.dtype), mx.array(hi, dtype=x.dtype))
     return mx.clip(x, mx.array(min, dtype=x.dtype), mx.array(max, dtype=x.dtype))
 
