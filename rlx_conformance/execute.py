@@ -103,8 +103,12 @@ def run_case(case: Case) -> CaseResult:
         detail = str(e) if isinstance(e, RlxError) else f"{type(e).__name__}: {e}\n" + \
             "".join(traceback.format_exception(e)[-3:])
         return CaseResult.for_case(case, "error", duration_s=dur, message=detail.strip(), **kw)
-    with np.errstate(all="ignore"):  # NaN/inf in the error arithmetic are expected, not news
-        ok, comps, tol = judge(case, inputs, ref, out)
+    try:
+        with np.errstate(all="ignore"):  # NaN/inf in the error arithmetic are expected, not news
+            ok, comps, tol = judge(case, inputs, ref, out)
+    except Exception as e:  # noqa: BLE001 — a bug in a judge is the harness's, reported as such
+        return CaseResult.for_case(case, "error", duration_s=time.perf_counter() - t0, **kw, message=(
+            f"harness error while judging: {type(e).__name__}: {e}"))
     dur = time.perf_counter() - t0
     measured = dict(
         max_abs_err=max((c.max_abs_err for c in comps), default=0.0),

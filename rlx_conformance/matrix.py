@@ -135,6 +135,8 @@ def attr_combinations(spec: OpSpec, shapes: Sequence[Shape]) -> Iterator[dict[st
             vals: Iterable[Any] = _axis_sweep(rank)
         elif a.sweep == "axes":
             vals = _axes_sweep(rank)
+        elif callable(a.sweep):  # derived from the family's shapes
+            vals = a.sweep(shapes)
         elif a.sweep is None:
             vals = [a.default]
         else:

@@ -19,7 +19,7 @@ from . import dtypes as dt
 from .errors import SpecError, UnknownOpError
 
 Shape = tuple[int, ...]
-OutSpec = tuple[Shape, str]  # (shape, dtype name)
+OutSpec = tuple[Shape, str]  # (shape, dtype name); a None dim is data-dependent (non_zero)
 
 
 class _Required:
@@ -52,7 +52,7 @@ class Attr:
     kind: str
     default: Any = REQUIRED
     choices: tuple | None = None
-    sweep: tuple | str | None = None
+    sweep: tuple | str | Callable[..., Sequence[Any]] | None = None  # callable: sweep(shapes)
     doc: str = ""
 
     def __post_init__(self) -> None:

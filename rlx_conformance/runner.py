@@ -72,7 +72,11 @@ def _worker_main(conn: Connection, env: dict[str, str], init: str | None) -> Non
         if task is None:
             return
         for i, case in enumerate(task):
-            conn.send((i, run_case(case)))
+            try:
+                r = run_case(case)
+            except Exception as e:  # noqa: BLE001 — never let a harness bug take the worker down
+                r = CaseResult.for_case(case, "error", message=f"harness error: {type(e).__name__}: {e}")
+            conn.send((i, r))
         conn.send(("done", None))
 
 
@@ -86,13 +90,16 @@ class _Worker:
 
 
 def _context() -> mp.context.BaseContext:
-    """Workers fork from a forkserver that has already imported numpy, scipy and the backends, so
+    """Workers fork from a forkserver that has already imported numpy, scipy and the reference, so
     replacing a crashed worker costs milliseconds, not the seconds of a fresh interpreter. macOS
     (where forking after the Objective-C runtime starts is unsafe) spawns fresh interpreters."""
     if sys.platform != "linux":
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["rlx_conformance.execute", "backends.cpu", "backends.mlx"])
+    # Not backends.mlx: importing MLX initialises CUDA on its CUDA build, and a CUDA context does
+    # not survive fork ("cudaStreamCreateWithFlags ... initialization error"). Each worker
+    # imports MLX itself (a fraction of a second).
+    ctx.set_forkserver_preload(["rlx_conformance.execute", "backends.cpu"])
     return ctx
 
 

@@ -118,14 +118,40 @@ def test_tasks_keep_input_ids_together():
 
 # -- known divergences -------------------------------------------------------------------------------
 @pytest.mark.parametrize("outcome,expected", [
-    ("pass", "xpass"), ("fail", "xfail"), ("crash", "xfail"), ("timeout", "xfail"),
+    ("pass", "pass"), ("fail", "xfail"), ("crash", "xfail"), ("timeout", "xfail"),
     ("error", "xfail"), ("skip", "skip"),
 ])
 def test_apply_divergence(monkeypatch, outcome, expected):
+    """Failures in a divergence's scope become xfail; passes stay passes but carry the entry."""
     case = neg_cases()[0]
-    d = Divergence(op="neg", category="backend-bug", reason="test reason")
+    d = Divergence(index=7, op="neg", category="backend-bug", reason="test reason")
     monkeypatch.setattr(runner, "known_divergence", lambda c: d if c is case else None)
     r = runner.apply_divergence(case, CaseResult.for_case(case, outcome, message="m"))
     assert r.outcome == expected
-    if expected != "skip":
-        assert r.divergence["reason"] == "test reason" and "test reason" in r.message
+    if expected == "skip":
+        assert r.divergence is None
+    else:
+        assert r.divergence["entry"] == 7
+    if expected == "xfail":
+        assert "test reason" in r.message
+
+
+def test_finalize_strict_divergences(monkeypatch):
+    """An entry with at least one failure keeps its passes; an entry with none turns them into
+    xpass (strict); an entry that matched nothing is a warning."""
+    from rlx_conformance import tolerances
+
+    cases = neg_cases()[:4]
+    live = Divergence(index=1, op="neg", category="precision", reason="live")
+    stale = Divergence(index=2, op="neg", category="precision", reason="stale")
+    unused = Divergence(index=3, op="nope", category="precision", reason="unused")
+    monkeypatch.setattr(tolerances, "divergences", lambda: (live, stale, unused))
+    scope = {cases[0].id: live, cases[1].id: live, cases[2].id: stale, cases[3].id: stale}
+    monkeypatch.setattr(runner, "known_divergence", lambda c: scope.get(c.id))
+    outcomes = ["fail", "pass", "pass", "pass"]
+    results = [runner.apply_divergence(c, CaseResult.for_case(c, o, message="m"))
+               for c, o in zip(cases, outcomes)]
+    warnings = runner.finalize(results)
+    assert [r.outcome for r in results] == ["xfail", "pass", "xpass", "xpass"]
+    assert "no longer reproduces" in results[2].message
+    assert warnings == ["known divergence #3 (nope) matched no case"]

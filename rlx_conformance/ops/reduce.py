@@ -109,6 +109,8 @@ def softmax_bound(inputs, attrs, out_dtype):
     the division one rounding, so the relative error is below 2*(n + 4) u; results in the
     subnormal range lose relative accuracy, hence an absolute floor of the smallest normal."""
     (x,) = inputs
+    if x.size == 0:
+        return np.zeros(x.shape)
     n = x.shape[attrs["axis"] % x.ndim]
     cdt = dt.compute_dtype(out_dtype)
     u = _u(out_dtype)
