@@ -53,18 +53,23 @@ class CaseResult:
                    seed=case.seed, declared=case.declared, **kw)
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in ("max_abs_err", "max_rel_err", "max_ulp"):
-            v = d[k]
-            if isinstance(v, float) and v != v:
-                d[k] = None
-            elif isinstance(v, float) and v in (float("inf"), float("-inf")):
-                d[k] = "inf" if v > 0 else "-inf"
-        return d
+        """Strict JSON: NaN becomes null and +-inf the strings "inf"/"-inf", anywhere in the record."""
+        return _jsonable(asdict(self))
 
 
 def _jsonable(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # numpy scalars
+        v = v.item()
+    if isinstance(v, float):
+        if v != v:
+            return None
+        if v in (float("inf"), float("-inf")):
+            return "inf" if v > 0 else "-inf"
+    return v
 
 
 def summarize(results: Iterable[CaseResult]) -> dict[str, int]:

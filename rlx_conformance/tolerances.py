@@ -82,7 +82,9 @@ def stale_entries(results) -> tuple[list[int], list[Divergence]]:
             i = r.divergence["entry"]
             matched[i] = matched.get(i, False) or r.outcome == "xfail"
     stale = [i for i, failed in matched.items() if not failed]
-    unmatched = [d for d in divergences() if d.index not in matched]
+    ops = {r.op for r in results}  # only entries about ops this run covered can be "unmatched"
+    unmatched = [d for d in divergences() if d.index not in matched
+                 and any(fnmatch.fnmatchcase(op, d.op) for op in ops)]
     return stale, unmatched
 
 

@@ -1,0 +1,53 @@
+"""Sort and selection (OPS.md "Reductions and scans": sort, arg_sort, top_k).
+
+Order: ascending puts NaN last; descending is its mirror, NaN first (NaN ranks above +inf, as in
+top_k). -0 and +0 are equal keys. Every order is stable: equal keys keep their input order, also
+when descending, so arg_sort is fully determined and top_k breaks ties toward the smaller index.
+Values only move, so results are judged bit-exact (signed zeros included: a stable sort keeps
+the input order of -0 and +0, which an unstable or reverse-the-ascending sort does not).
+"""
+from __future__ import annotations
+
+from .. import dtypes as dt
+from .. import infer
+from ..errors import SpecError
+from ..registry import Attr, Input, Policy, declare
+
+EXACT = Policy(exact=True, signed_zero=True)
+_AXIS = Attr("axis", "int", default=-1, sweep=(0, -1))
+_DESC = Attr("descending", "bool", default=False, sweep=(False, True))
+# "special" draws half of each input from the domain (many ties) and half from the specials
+# (NaN, +-inf, +-0, subnormals, extremes): ties, NaN order and signed zeros in one case.
+COMMON = dict(family="sort", dtypes=dt.ALL, shapes="sort", low_precision="native",
+              policy=EXACT, values=("special",))
+
+
+def infer_sort(spec, shapes, dtypes, attrs):
+    (shape,) = shapes
+    if not shape:
+        raise SpecError(f"{spec.name}: needs rank >= 1, got a scalar")
+    infer.norm_axis(spec.name, attrs["axis"], len(shape))
+    return [(shape, "int64" if spec.name == "arg_sort" else dtypes[0])]
+
+
+def infer_top_k(spec, shapes, dtypes, attrs):
+    (shape,), k = shapes, attrs["k"]
+    if not shape:
+        raise SpecError(f"{spec.name}: needs rank >= 1, got a scalar")
+    if not 0 <= k <= shape[-1]:
+        raise SpecError(f"{spec.name}: k={k} outside [0, {shape[-1]}] (the last axis)")
+    out = tuple(shape[:-1]) + (k,)
+    return [(out, dtypes[0]), (out, "int64")]
+
+
+declare(name="sort", doc="sorted copy along axis (stable; NaN last ascending, first descending)",
+        inputs=(Input("x", domain="sort"),), attrs=(_AXIS, _DESC), infer=infer_sort, **COMMON)
+
+declare(name="arg_sort", doc="int64 indices that stably sort x along axis (NaN last ascending, "
+        "first descending)", inputs=(Input("x", domain="sort"),), attrs=(_AXIS, _DESC),
+        infer=infer_sort, **COMMON)
+
+declare(name="top_k", doc="the k largest along the last axis, descending: values and int64 "
+        "indices; ties go to the smaller index; NaN ranks above +inf",
+        inputs=(Input("x", domain="sort"),), attrs=(Attr("k", "int", sweep=(1, 5)),),
+        infer=infer_top_k, **COMMON)
