@@ -144,7 +144,7 @@ def test_finalize_strict_divergences(monkeypatch):
     cases = neg_cases()[:4]
     live = Divergence(index=1, op="neg", category="precision", reason="live")
     stale = Divergence(index=2, op="neg", category="precision", reason="stale")
-    unused = Divergence(index=3, op="nope", category="precision", reason="unused")
+    unused = Divergence(index=3, op="neg", dtype="int8", category="precision", reason="unused")
     monkeypatch.setattr(tolerances, "divergences", lambda: (live, stale, unused))
     scope = {cases[0].id: live, cases[1].id: live, cases[2].id: stale, cases[3].id: stale}
     monkeypatch.setattr(runner, "known_divergence", lambda c: scope.get(c.id))
@@ -154,4 +154,4 @@ def test_finalize_strict_divergences(monkeypatch):
     warnings = runner.finalize(results)
     assert [r.outcome for r in results] == ["xfail", "pass", "xpass", "xpass"]
     assert "no longer reproduces" in results[2].message
-    assert warnings == ["known divergence #3 (nope) matched no case"]
+    assert warnings == ["known divergence #3 (neg) matched no case"]
