@@ -124,6 +124,7 @@ class Runner:
         self.task_size = task_size
         self.env = env or {}
         self.init = init
+        self._retried: set[str] = set()
         self._ctx = _context()
 
     def _tasks(self, cases: Sequence[Case]) -> deque[list[Case]]:
@@ -230,18 +231,26 @@ class Runner:
         if timed_out:
             w.proc.kill()
         w.proc.join()
-        if timed_out:
-            limit = self._timeout(case)
-            r = CaseResult.for_case(case, "timeout", duration_s=limit,
-                                    message=f"no result within {limit:g} s; worker killed")
-        else:
-            r = CaseResult.for_case(case, "crash", message=(
-                f"worker process died ({_signal_name(w.proc.exitcode)}) while running this case"))
         rest = w.task[w.next + 1:]
-        if rest:
-            tasks.appendleft(rest)
         pool.remove(w)
         nw = self._spawn()
         pool.append(nw)
         idle.append(nw)
+        d = known_divergence(case)
+        if timed_out and case.id not in self._retried and not (d is not None and d.timeout):
+            # One retry in a fresh worker: a load spike or a first-use compile on a busy machine
+            # must not read as a hang. A case that hangs twice is recorded as a timeout.
+            self._retried.add(case.id)
+            tasks.appendleft([case] + rest)
+            return
+        if timed_out:
+            limit = self._timeout(case)
+            again = " (twice, in two fresh workers)" if case.id in self._retried else ""
+            r = CaseResult.for_case(case, "timeout", duration_s=limit,
+                                    message=f"no result within {limit:g} s{again}; worker killed")
+        else:
+            r = CaseResult.for_case(case, "crash", message=(
+                f"worker process died ({_signal_name(w.proc.exitcode)}) while running this case"))
+        if rest:
+            tasks.appendleft(rest)
         yield apply_divergence(case, r)
