@@ -41,7 +41,9 @@ def main() -> None:
     gen = time.perf_counter() - t0
     before = jit_cache_files()
     with tempfile.TemporaryDirectory() as tmp:
-        run = session.execute(cases, Path(tmp), workers=args.workers, timeout=60)
+        # A sample holds only part of each known divergence's cases: no strict xpass verdicts.
+        run = session.execute(cases, Path(tmp), workers=args.workers, timeout=60,
+                              strict_divergences=args.sample == 1)
     wall = run.meta["wall_s"]
     inside = sum(r.duration_s for r in run.results)
     backend = sum(r.backend_s for r in run.results)
