@@ -353,6 +353,26 @@ def _clusters(s: np.ndarray, tau: float) -> list[tuple[int, int]]:
     return out
 
 
+def _factor_part(inputs, attrs, expected, actual):
+    """What svd_check and qr_check share: the requested part, its layout and finiteness checks,
+    and the input as float64 matrices. Returns (early verdicts or None, part, e, out, dtype, m, n, A)."""
+    (a_in,) = inputs
+    (e,), (out,) = expected, actual
+    part = attrs["part"]
+    m, n = a_in.shape[-2:]
+    early = None
+    bad = layout(part, e, out)
+    if bad:
+        early = [bad]
+    elif out.size == 0 or min(m, n) == 0:
+        early = [Comparison(True, checked=0)]
+    else:
+        fail = finite_or_fail(part, out)
+        if fail:
+            early = [fail]
+    return early, part, e, out, dt.name_of(a_in.dtype), m, n, mats(a_in.astype(np.float64))
+
+
 def svd_check(inputs, attrs, expected, actual) -> list[Comparison]:
     """svd, one part per call. s: descending, non-negative, |s_i - s_ref_i| <= eps ||A||_2 (Weyl's
     inequality for a backward stable SVD) + uo s_i. u (vt): orthonormal columns (rows), and for
@@ -360,21 +380,10 @@ def svd_check(inputs, attrs, expected, actual) -> list[Comparison]:
     subspace matches the reference's: ||P - P_ref||_2 <= 2 eps ||A|| / gap + orthogonality slack
     (Wedin's sin-theta theorem). Signs and bases within clusters are free, so they are not
     compared; the thin factor's complement counts as singular value 0 when m != n."""
-    (a_in,) = inputs
-    (e,), (out,) = expected, actual
-    part = attrs["part"]
-    bad = layout(part, e, out)
-    if bad:
-        return [bad]
-    dtype = dt.name_of(a_in.dtype)
-    m, n = a_in.shape[-2:]
+    early, part, e, out, dtype, m, n, A = _factor_part(inputs, attrs, expected, actual)
+    if early:
+        return early
     k = min(m, n)
-    if out.size == 0 or k == 0:
-        return [Comparison(True, checked=0)]
-    fail = finite_or_fail(part, out)
-    if fail:
-        return [fail]
-    A = mats(a_in.astype(np.float64))
     eps = alg_eps(dtype, m, n)
     s_ref = np.linalg.svd(A, compute_uv=False)
     if part == "s":
@@ -438,21 +447,10 @@ def qr_check(inputs, attrs, expected, actual) -> list[Comparison]:
     R^T R = A^T A to within 2 eps ||a_i|| ||a_j||. Both: after making diag(R) positive (the
     canonical signs), column/row i matches the reference to within 4 kappa_2(A[:, :i+1]) eps
     (first-order QR perturbation theory, Higham 19.9), asserted only where that is < 0.1."""
-    (a_in,) = inputs
-    (e,), (out,) = expected, actual
-    part = attrs["part"]
-    bad = layout(part, e, out)
-    if bad:
-        return [bad]
-    dtype = dt.name_of(a_in.dtype)
-    m, n = a_in.shape[-2:]
+    early, part, e, out, dtype, m, n, A = _factor_part(inputs, attrs, expected, actual)
+    if early:
+        return early
     k = min(m, n)
-    if out.size == 0 or k == 0:
-        return [Comparison(True, checked=0)]
-    fail = finite_or_fail(part, out)
-    if fail:
-        return [fail]
-    A = mats(a_in.astype(np.float64))
     F, E = mats(out.astype(np.float64)), mats(e.astype(np.float64))
     eps = alg_eps(dtype, m, n)
     cnorm = np.linalg.norm(A, axis=-2)  # column norms [b, n]
