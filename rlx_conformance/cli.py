@@ -1,4 +1,5 @@
-"""The command line: ``rlx-conformance run | ops | list``. Bad input gets one line on stderr and
+"""The command line: ``rlx-conformance run | ops | list`` here, further subcommands in
+``rlx_conformance/commands/``. Bad input gets one line on stderr and
 exit status 2; a run exits 1 when any case failed, errored, crashed, timed out or xpassed."""
 from __future__ import annotations
 
@@ -217,7 +218,22 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="print the case ids of the matrix")
     _add_matrix_options(ls)
     ls.set_defaults(fn=cmd_list)
+    for mod in _command_modules():
+        mod.register(sub)
     return p
+
+
+def _command_modules():
+    """Further subcommands live one per module in rlx_conformance/commands/, each with a
+    ``register(subparsers)`` that adds its parser and sets ``fn``; they are found, not listed."""
+    import importlib
+    import pkgutil
+
+    from . import commands
+
+    return [importlib.import_module(f"{commands.__name__}.{m.name}")
+            for m in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name)
+            if not m.name.startswith("_")]
 
 
 def main(argv: list[str] | None = None) -> int:
