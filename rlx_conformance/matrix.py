@@ -46,11 +46,13 @@ def fmt_shape(shape: Shape) -> str:
     return "x".join(map(str, shape)) if shape else "scalar"
 
 
-def fmt_value(v: Any) -> str:
+def fmt_value(v: Any, empty: str = "none") -> str:
+    """An attribute value as it reads in a case id; ``empty`` names what an empty tuple means for
+    this attribute (``none`` by default, ``all`` for reduction axes)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, tuple):
-        return "+".join(map(str, v)) if v else "all"
+        return "+".join(map(str, v)) if v else empty
     if isinstance(v, float):
         return repr(v).replace("inf", "inf")
     return str(v)
@@ -71,7 +73,8 @@ class Case:
     def input_id(self) -> str:
         """Everything that determines the inputs and the reference: the id without the target."""
         parts = [self.op, self.dtype, "shape:" + "+".join(fmt_shape(s) for s in self.shapes)]
-        parts += [f"{k}:{fmt_value(v)}" for k, v in self.attrs]
+        spec = self.spec
+        parts += [f"{k}:{fmt_value(v, spec.attr(k).empty)}" for k, v in self.attrs]
         parts.append(f"vals:{self.vals}")
         return "/".join(parts)
 

@@ -54,6 +54,7 @@ class Attr:
     choices: tuple | None = None
     sweep: tuple | str | Callable[..., Sequence[Any]] | None = None  # callable: sweep(shapes)
     doc: str = ""
+    empty: str = "none"  # how an empty tuple value reads in a case id (reduction axes: "all")
 
     def __post_init__(self) -> None:
         if self.kind not in ATTR_KINDS:

@@ -122,7 +122,7 @@ def softmax_bound(inputs, attrs, out_dtype):
     return 2 * (n + 4) * u * np.abs(y) + dt.finfo(cdt).tiny
 
 
-_AXES = Attr("axes", "ints", default=(), sweep="axes", doc="axes to reduce; empty = all")
+_AXES = Attr("axes", "ints", default=(), sweep="axes", doc="axes to reduce; empty = all", empty="all")
 _KEEP = Attr("keep_dim", "bool", default=False, sweep=(False, True))
 _AXIS = Attr("axis", "int", default=-1, sweep="axis")
 
