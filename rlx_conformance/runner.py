@@ -132,6 +132,12 @@ class Runner:
         tasks: deque[list[Case]] = deque()
         cur: list[Case] = []
         for i, c in enumerate(cases):
+            if self._isolated(c):  # alone in a task, in a worker retired after it
+                if cur:
+                    tasks.append(cur)
+                    cur = []
+                tasks.append([c])
+                continue
             cur.append(c)
             nxt = cases[i + 1] if i + 1 < len(cases) else None
             if len(cur) >= self.task_size and (nxt is None or nxt.input_id != c.input_id):
@@ -199,6 +205,10 @@ class Runner:
                             dead = True
                             break
                         if i == "done":
+                            if any(self._isolated(c) for c in w.task):
+                                self._retire(w, pool)
+                                w = self._spawn()
+                                pool.append(w)
                             w.task = []
                             idle.append(w)
                             break
@@ -219,6 +229,26 @@ class Runner:
                 if w.proc.is_alive():
                     w.proc.kill()
                     w.proc.join()
+
+    @staticmethod
+    def _isolated(case: Case) -> bool:
+        """A known divergence that corrupts its process (cases/known_divergences.toml,
+        ``isolate = true``) runs alone, and its worker is replaced after it: heap corruption must
+        neither pass for a clean run nor crash a later, unrelated case."""
+        d = known_divergence(case)
+        return d is not None and d.isolate
+
+    @staticmethod
+    def _retire(w: _Worker, pool: list[_Worker]) -> None:
+        try:
+            w.conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        w.proc.join(timeout=2)
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join()
+        pool.remove(w)
 
     def _timeout(self, case: Case) -> float:
         """The runner's timeout, or a known hang's shorter one (cases/known_divergences.toml)."""

@@ -50,6 +50,9 @@ class Divergence:
     # false for a nondeterministic divergence (a hang or heap corruption that shows only in some
     # runs): its cases never report xpass, since passing once proves nothing.
     strict: bool = True
+    # true for a divergence that corrupts the process (heap corruption): its cases run alone in
+    # a worker that is replaced afterwards, so that nothing later runs on a damaged heap.
+    isolate: bool = False
 
     def matches(self, case) -> bool:
         t = case.target

@@ -45,3 +45,28 @@ def install_broken_neg() -> None:
 def broken_init() -> None:
     """An init hook that fails: the worker cannot start at all."""
     raise RuntimeError("deliberately broken init hook")
+
+
+POISON_SIZE = 7  # "odd": leaves the process damaged; any later call in it aborts
+_poisoned = False
+
+
+def poisoning_neg(x):
+    """-x, but the call for POISON_SIZE damages the process (as MLX's heap corruption does):
+    it returns correctly, and every later call in the same process aborts."""
+    import mlx.core as mx
+
+    global _poisoned
+    if _poisoned:
+        os.abort()
+    if x.size == POISON_SIZE:
+        _poisoned = True
+    return mx.negative(x)
+
+
+def install_poisoning_neg() -> None:
+    from backends import get_backend
+
+    mlx = get_backend("mlx")
+    old = mlx.kernels["neg"]
+    mlx.register("neg", poisoning_neg, devices=dict(old.dtypes), replace=True, origin="tests")

@@ -167,3 +167,24 @@ def test_nonstrict_divergence_never_goes_xpass(monkeypatch):
     monkeypatch.setattr(runner, "known_divergence", lambda c: flaky)
     results = [runner.apply_divergence(case, CaseResult.for_case(case, "pass", message=""))]
     assert runner.finalize(results) == [] and results[0].outcome == "pass"
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_isolated_divergence_cannot_poison_later_cases(monkeypatch, isolate):
+    """A case under an ``isolate = true`` entry runs alone in a worker that is replaced after it,
+    so the damage it leaves behind (heap corruption in MLX) crashes no later, unrelated case.
+    Without isolation the same run blames an innocent case: the control half of the test."""
+    cases = neg_cases()
+    entry = Divergence(index=1, op="neg", category="backend-bug", reason="poisons", strict=False,
+                       isolate=isolate)
+    monkeypatch.setattr(runner, "known_divergence",
+                        lambda c: entry if c.size() == kt.POISON_SIZE else None)
+    r = runner.Runner(workers=1, timeout=TIMEOUT, task_size=len(cases),
+                      init="kernels_for_tests:install_poisoning_neg")
+    results = list(r.run(cases))
+    assert sorted(x.id for x in results) == sorted(c.id for c in cases)
+    later_crashed = [x for x in results if x.outcome == "crash"]
+    if isolate:
+        assert all(x.outcome == "pass" for x in results), [(x.id, x.outcome) for x in results]
+    else:
+        assert later_crashed, "the control run should show a later case crashing"
