@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,9 @@ def finalize(results: list[CaseResult]) -> list[str]:
 def _worker_main(conn: Connection, env: dict[str, str], init: str | None) -> None:
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    # The reference meets singular matrices, empty means and overflow on purpose; numpy's and
+    # scipy's warnings about them would only bury the run's own output.
+    warnings.simplefilter("ignore")
     from .execute import run_case
 
     if init:  # "module:function", e.g. registering a contributed kernel in every worker
