@@ -89,10 +89,30 @@ def stale_entries(results) -> tuple[list[int], list[Divergence]]:
             matched[i] = matched.get(i, False) or r.outcome == "xfail"
     nonstrict = {d.index for d in divergences() if not d.strict}
     stale = [i for i, failed in matched.items() if not failed and i not in nonstrict]
+    if stale:  # a run that held only part of an entry's scope (--op, --dtypes) cannot tell
+        stale = _fully_covered(stale, results)
     ops = {r.op for r in results}  # only entries about ops this run covered can be "unmatched"
     unmatched = [d for d in divergences() if d.index not in matched
                  and any(fnmatch.fnmatchcase(op, d.op) for op in ops)]
     return stale, unmatched
+
+
+def _fully_covered(indices: list[int], results) -> list[int]:
+    """The entries among ``indices`` whose every case on the run's targets is in ``results``:
+    only a run that holds the whole scope can say a divergence is gone. (Entry 56 scopes the
+    empty reductions of every reduce_* op; a run of reduce_sum alone must not call it stale.)"""
+    from .matrix import Target, generate
+
+    ids = {r.id for r in results}
+    targets = sorted({Target.parse(i.rsplit("/", 1)[1]) for i in ids}, key=str)
+    by_index = {d.index: d for d in divergences()}
+    out = []
+    for i in indices:
+        d = by_index[i]
+        scope = [c.id for c in generate(targets, ops=[d.op]) if known_divergence(c) is d]
+        if all(c in ids for c in scope):
+            out.append(i)
+    return out
 
 
 def known_divergence(case) -> Divergence | None:

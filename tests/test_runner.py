@@ -148,6 +148,7 @@ def test_finalize_strict_divergences(monkeypatch):
     monkeypatch.setattr(tolerances, "divergences", lambda: (live, stale, unused))
     scope = {cases[0].id: live, cases[1].id: live, cases[2].id: stale, cases[3].id: stale}
     monkeypatch.setattr(runner, "known_divergence", lambda c: scope.get(c.id))
+    monkeypatch.setattr(tolerances, "known_divergence", lambda c: scope.get(c.id))
     outcomes = ["fail", "pass", "pass", "pass"]
     results = [runner.apply_divergence(c, CaseResult.for_case(c, o, message="m"))
                for c, o in zip(cases, outcomes)]
@@ -155,6 +156,25 @@ def test_finalize_strict_divergences(monkeypatch):
     assert [r.outcome for r in results] == ["xfail", "pass", "xpass", "xpass"]
     assert "no longer reproduces" in results[2].message
     assert warnings == ["known divergence #3 (neg) matched no case"]
+
+
+def test_partly_run_entry_is_not_stale(monkeypatch):
+    """A run that holds only some of an entry's cases (an --op or --dtypes subset) cannot say the
+    divergence is gone: the passes stay passes."""
+    from rlx_conformance import tolerances
+
+    cases = neg_cases()[:3]
+    entry = Divergence(index=1, op="neg", category="precision", reason="scoped to three cases")
+    monkeypatch.setattr(tolerances, "divergences", lambda: (entry,))
+    scope = {c.id: entry for c in cases}
+    monkeypatch.setattr(runner, "known_divergence", lambda c: scope.get(c.id))
+    monkeypatch.setattr(tolerances, "known_divergence", lambda c: scope.get(c.id))
+    partial = [runner.apply_divergence(c, CaseResult.for_case(c, "pass", message="")) for c in cases[:2]]
+    runner.finalize(partial)
+    assert [r.outcome for r in partial] == ["pass", "pass"]
+    whole = [runner.apply_divergence(c, CaseResult.for_case(c, "pass", message="")) for c in cases]
+    runner.finalize(whole)
+    assert [r.outcome for r in whole] == ["xpass"] * 3
 
 
 def test_nonstrict_divergence_never_goes_xpass(monkeypatch):
