@@ -1,0 +1,93 @@
+"""Exhaustive mode (rlx_conformance/exhaustive.py): a fast sweep of two ops, the disk cache, the
+report, and crash isolation (a worker killed by a signal is a crash row; the sweep goes on)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlx_conformance import exhaustive as ex
+from rlx_conformance.matrix import Target
+
+TARGET = Target("mlx", "cpu", "lazy")
+
+
+def test_inputs_cover_every_pattern():
+    for d in ("float16", "bfloat16"):
+        x = ex.inputs_for(d)
+        assert x.size == 65536 and len(np.unique(x.view(np.uint16))) == 65536
+    f = ex.inputs_for("float32", 2048)
+    exps = np.unique((f.view(np.uint32) >> 23) & 0xFF)
+    assert len(exps) == 256 and np.signbit(f).any() and (~np.signbit(f)).any()
+
+
+def test_unary_ops_selection():
+    ops = dict.fromkeys(op for op, _ in ex.unary_ops())
+    assert {"exp", "gelu", "neg", "cast", "clamp", "sign"} <= set(ops)
+    assert "add" not in ops and "where" not in ops
+    casts = [a["to"] for op, a in ex.unary_ops(["cast"])]
+    assert sorted(casts) == sorted(["float32", "float16", "bfloat16", "float64"])
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    report = tmp_path_factory.mktemp("ex")
+    cache = tmp_path_factory.mktemp("cache")
+    doc = ex.run_exhaustive([TARGET], ["neg", "sign"], ["float16", "bfloat16"], report,
+                            workers=1, cache_dir=cache)
+    return doc, report, cache
+
+
+def test_sweep_rows_and_report(sweep):
+    doc, report, _ = sweep
+    rows = {(r["op"], r["dtype"], r["target"]): r for r in doc["rows"]}
+    assert len(rows) == 2 * 2 * 2  # ops x dtypes x (reference, target)
+    neg = rows[("neg", "float16", str(TARGET))]
+    assert neg["outcome"] == "pass" and neg["max_ulp"] == 0 and neg["n"] == 65536
+    for d in ("float16", "bfloat16"):
+        assert rows[("sign", d, "cpu-cpu-eager")]["outcome"] == "pass"  # the reference: sign(NaN) = NaN
+        s = rows[("sign", d, str(TARGET))]
+        # MLX's sign(NaN) = 0: every NaN pattern, reported as hex, recorded as a known divergence
+        assert s["nan_mismatch"] == (2046 if d == "float16" else 254)
+        assert s["outcome"] == "xfail" and s["divergence"]["category"] == "backend-bug"
+        assert s["worst"][0]["input"].startswith("0x")
+    saved = json.loads((report / "exhaustive.json").read_text())
+    assert saved["schema"] == ex.SCHEMA and saved["summary"]["total"] == len(doc["rows"])
+    assert not doc["failed"]
+
+
+def test_oracle_cache_is_used(sweep):
+    _, _, cache = sweep
+    files = sorted(cache.glob("*.npy"))
+    assert len(files) == 4  # (neg, sign) x (float16, bfloat16)
+    x = ex.inputs_for("float16")
+    # a tampered cache file is what comes back: proof that the cache, not MPFR, answered
+    f = next(p for p in files if p.name.startswith("neg-float16"))
+    bits = np.load(f)
+    np.save(f, np.zeros_like(bits))
+    assert not ex.oracle_for("neg", {}, "float16", x, "float16", cache).any()
+
+
+def test_undefined_positions_get_no_assertion():
+    """cast float -> int is undefined for NaN/inf/out of range; rows judge only the rest (the
+    oracle only covers float outputs, so the judge is checked on a float op with a mask)."""
+    x = np.float32([1.0, np.nan, 3.0])
+    want = np.float32([1.0, 2.0, 3.0])
+    row = ex.judge_row("exp", {}, x, want, want, ftz=False)
+    assert row["over_budget"] == 0
+
+
+def test_crash_is_isolated(tmp_path):
+    """A target that kills its worker (SIGSEGV in MLX's neg for float16) is a crash row; the
+    other targets and ops of the sweep still report."""
+    doc = ex.run_exhaustive([TARGET], ["neg", "abs"], ["float16", "bfloat16"], tmp_path, workers=1,
+                            cache_dir=tmp_path / "cache", timeout=60,
+                            init="exhaustive_kernels:install_crashing_neg")
+    rows = {(r["op"], r["dtype"], r["target"]): r for r in doc["rows"]}
+    assert len(rows) == 8
+    crashed = rows[("neg", "float16", str(TARGET))]
+    assert crashed["outcome"] == "crash" and "SIGSEGV" in crashed["message"]
+    assert rows[("neg", "bfloat16", str(TARGET))]["outcome"] == "pass"
+    assert rows[("abs", "float16", str(TARGET))]["outcome"] == "pass"
+    assert doc["failed"]
