@@ -1,0 +1,174 @@
+"""Repro bundles (rlx_conformance/bundle.py): the arrays, case.json, and a repro.py that runs in a
+clean interpreter without rlx_conformance, reproduces the harness's MLX call bit for bit and its
+verdict (exit 1 while failing, 0 when passing).
+
+The repro.py runs use ``python -I`` with an environment that has no PYTHONPATH, from a directory
+outside the repository, so nothing of this checkout is importable there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends import get_backend
+from rlx_conformance import matrix
+from rlx_conformance.bundle import BundleSink, bundle_name, reproduce
+from rlx_conformance.portable import standalone
+from rlx_conformance.runner import Runner
+from rlx_conformance.session import find_case, supports
+
+WRONG_SIZE = 7  # "odd" [[7]]: the test kernel below returns wrong values
+CRASH_SIZE = 15  # "matrix" [[3, 5]]: the test kernel below dies by SIGSEGV
+
+
+def clean_run(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    if "TMPDIR" in os.environ:  # MLX's JIT cache for compiled mode
+        env["TMPDIR"] = os.environ["TMPDIR"]
+    return subprocess.run([sys.executable, "-I", str(script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def pick(op: str, dtype: str, mode: str, **attrs) -> matrix.Case:
+    """The smallest case (at least 2 elements, random values) of op/dtype/mode with these attrs."""
+    cases = [c for c in matrix.generate([matrix.Target("mlx", "cpu", mode)], ops=[op], dtypes=[dtype],
+                                        supports=supports)
+             if c.vals == "random" and c.size() >= 2 and all(c.attr_dict.get(k) == v for k, v in attrs.items())]
+    assert cases, f"no {op}/{dtype} case with {attrs}"
+    return min(cases, key=lambda c: c.size())
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+# -- extraction ------------------------------------------------------------------------------------
+def test_every_mlx_kernel_extracts_to_standalone_source():
+    """The mechanism is general: every registered MLX kernel's source closure compiles and imports
+    nothing of this repository."""
+    for op, entry in get_backend("mlx").kernels.items():
+        if not entry.native:
+            continue
+        src, names = standalone({"kernel": entry.fn}, kernel="kernel")
+        compile(src, op, "exec")
+        imports = [ln for ln in src.splitlines() if ln.startswith(("import ", "from "))]
+        assert not [ln for ln in imports if "rlx_conformance" in ln or "backends" in ln], (op, imports)
+
+
+def test_bundle_names_are_one_path_component_and_distinct():
+    ids = ["exp/float16/shape:1031/vals:special/mlx-cpu-compiled",
+           "exp/float16/shape:1031/vals:special/mlx-cpu-eager",
+           "dot_general/float32/" + "x" * 300 + "/mlx-cpu-lazy",
+           "dot_general/float32/" + "x" * 299 + "y/mlx-cpu-lazy"]
+    names = [bundle_name(i) for i in ids]
+    assert len(set(names)) == len(ids)
+    assert all("/" not in n and len(n) <= 150 for n in names)
+
+
+# -- repro.py against the harness -------------------------------------------------------------------
+CASES = [  # one per family, every mode, bfloat16 included
+    ("softmax", "bfloat16", "eager", {}),
+    ("reduce_max", "float16", "eager", {"axes": (1,), "keep_dim": True}),
+    ("exp", "float32", "compiled", {}),
+    ("onnx.ScatterElements", "float32", "lazy", {"reduction": "add"}),
+    ("dense_solve", "float64", "lazy", {}),
+    ("mat_mul", "float32", "lazy", {}),
+]
+
+
+@pytest.mark.parametrize("op,dtype,mode,attrs", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_repro_reproduces_the_harness(tmp_path, op, dtype, mode, attrs):
+    """repro.py gives the harness's outputs bit for bit and its verdict as the exit status."""
+    case = pick(op, dtype, mode, **attrs)
+    r = reproduce(case, tmp_path)
+    folder = tmp_path / r.repro
+    doc = json.loads((folder / "case.json").read_text())
+    assert doc["id"] == case.id and doc["repro_py"] == "repro.py"
+    assert doc["self_check"] == "agrees"
+    assert {p.name for p in folder.iterdir()} == {"inputs.npz", "expected.npz", "actual.npz", "case.json", "repro.py"}
+    src = (folder / "repro.py").read_text()
+    assert "rlx_conformance" not in "\n".join(ln for ln in src.splitlines() if ln.startswith(("import", "from")))
+    p = clean_run(folder / "repro.py", "--save", str(tmp_path / "out.npz"), cwd=tmp_path)
+    assert p.returncode == (0 if r.outcome == "pass" else 1), p.stdout + p.stderr
+    with np.load(folder / "actual.npz") as a, np.load(tmp_path / "out.npz") as b:
+        assert sorted(a.files) == sorted(b.files)
+        for k in a.files:
+            assert same_bits(a[k], b[k]), k
+    if dtype == "bfloat16":
+        with np.load(folder / "inputs.npz") as z:
+            assert z["in0"].dtype == np.uint16  # bits, with the dtype in case.json
+        assert doc["inputs"][0] == {"dtype": "bfloat16", "shape": list(case.shapes[0]), "stored_as": "uint16 bits"}
+
+
+def test_known_mismatch_exits_1(tmp_path):
+    """float64 exp on MLX's CPU is float32-accurate (cases/known_divergences.toml): the bundle's
+    repro.py says so and exits 1."""
+    case = find_case("exp/float64/shape:1031/vals:random/mlx-cpu-eager")
+    r = reproduce(case, tmp_path)
+    assert r.outcome == "xfail"
+    p = clean_run(tmp_path / r.repro / "repro.py", cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "STILL FAILS" in p.stdout and "first elements beyond tolerance" in p.stdout
+
+
+@pytest.mark.skipif(not (sys.platform == "linux" and platform.machine() == "x86_64"),
+                    reason="integer division by zero traps (SIGFPE) on x86-64 only")
+def test_real_crash_bundle_repro_dies(tmp_path):
+    """MLX's int32 division by zero kills the process: the crash bundle (written by the parent,
+    from regenerated inputs) has no actual.npz, and its repro.py dies by the signal."""
+    case = find_case("div/int32/shape:1031+1031/vals:special/mlx-cpu-eager")
+    (r,) = Runner(workers=1, timeout=60, bundles=BundleSink(tmp_path, always=True)).run([case])
+    assert r.outcome == "xfail" and "was crash" in r.message
+    folder = tmp_path / r.repro
+    assert not (folder / "actual.npz").exists()
+    assert json.loads((folder / "case.json").read_text())["outcome"] == "xfail"
+    p = clean_run(folder / "repro.py", cwd=tmp_path)
+    assert p.returncode == -signal.SIGFPE, p.stdout + p.stderr
+
+
+# -- bundles in a run -------------------------------------------------------------------------------
+def broken_neg(x):
+    """-x, except: wrong values for WRONG_SIZE elements, SIGSEGV for CRASH_SIZE."""
+    import mlx.core as mx
+
+    if x.size == CRASH_SIZE:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    out = mx.negative(x)
+    return out + 1 if x.size == WRONG_SIZE else out
+
+
+def install_broken_neg() -> None:
+    mlx = get_backend("mlx")
+    mlx.register("neg", broken_neg, devices=dict(mlx.kernels["neg"].dtypes), replace=True, origin="tests")
+
+
+def test_run_bundles_only_failing_cases(tmp_path):
+    """Through the runner: a wrong result gets a full bundle from the worker, whose repro.py embeds
+    the contributed kernel's source and exits 1; a crash gets one from the parent, without
+    actual.npz; passing cases get none."""
+    cases = [c for c in matrix.generate([matrix.Target("mlx", "cpu", "eager")], ops=["neg"], dtypes=["float32"])
+             if c.vals == "random" and c.size() in (1, WRONG_SIZE, CRASH_SIZE, 24)]
+    sink = BundleSink(tmp_path, timeout=30)
+    results = {r.id: r for r in Runner(workers=1, timeout=30, init="test_bundle:install_broken_neg",
+                                       bundles=sink).run(cases)}
+    by_size = {c.size(): results[c.id] for c in cases}
+    wrong, crash = by_size[WRONG_SIZE], by_size[CRASH_SIZE]
+    assert (wrong.outcome, crash.outcome) == ("fail", "crash")
+    assert all(r.repro is None for s, r in by_size.items() if s not in (WRONG_SIZE, CRASH_SIZE))
+    assert sorted(p.name for p in (tmp_path / "repro").iterdir()) == sorted(
+        bundle_name(r.id) for r in (wrong, crash))
+    wf, cf = tmp_path / wrong.repro, tmp_path / crash.repro
+    assert (wf / "actual.npz").exists() and not (cf / "actual.npz").exists()
+    assert json.loads((cf / "case.json").read_text())["outcome"] == "crash"
+    src = (wf / "repro.py").read_text()
+    assert "def broken_neg(x):" in src and "test_bundle" not in src
+    p = clean_run(wf / "repro.py", cwd=tmp_path)
+    assert p.returncode == 1 and "STILL FAILS" in p.stdout, p.stdout + p.stderr

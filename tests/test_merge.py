@@ -1,0 +1,139 @@
+"""Merging shard reports (rlx_conformance/merge.py): the shards of a run, merged, give the cases,
+summary and stability section of the whole run, the checks that need the whole set included.
+
+One module fixture runs a small matrix (neg and exp, float64, eager and lazy) through the CLI
+whole and as 3 shards, against a copy of cases/ in which the first known divergence (float64
+exp) is moved onto float64 neg: exp's cases then fail (and get repro bundles) and the entry, whose
+neg cases all pass, is stale: xpass, which only the whole set (or the merge) can tell.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlx_conformance import cli
+from rlx_conformance import results as res
+from rlx_conformance.errors import RlxError
+from rlx_conformance.merge import merge
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMING = ("duration_s", "backend_s")
+RUN = ["run", "--ops", "neg,exp", "--dtypes", "float64", "--mode", "eager,lazy", "--workers", "1",
+       "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("merge")
+    cases = root / "cases"
+    shutil.copytree(ROOT / "cases", cases)
+    kd = cases / "known_divergences.toml"
+    text = kd.read_text()
+    entry = 'op = "exp"\ndtype = "float64"\n'
+    assert text.index(entry) < text.index("[[divergence]]", text.index("[[divergence]]") + 1), \
+        "the first known divergence is no longer float64 exp"
+    kd.write_text(text.replace(entry, 'op = "neg"\ndtype = "float64"\n', 1))
+    env = dict(os.environ, RLX_CONFORMANCE_CASES=str(cases), PYTHONPATH=str(ROOT))
+
+    def cli_run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rlx_conformance", *args], env=env, cwd=root,
+                              capture_output=True, text=True, timeout=600)
+
+    out = {"whole": cli_run(*RUN, "--report", str(root / "whole"))}
+    for i in (1, 2, 3):
+        out[f"s{i}"] = cli_run(*RUN, "--shard", f"{i}/3", "--report", str(root / f"s{i}"))
+    out["merged"] = cli_run("merge", str(root / "merged"), *(str(root / f"s{i}") for i in (1, 2, 3)))
+    for name, p in out.items():
+        assert p.returncode in (0, 1), f"{name}: {p.stdout}\n{p.stderr}"
+    docs = {name: json.loads((root / name / "results.json").read_text()) for name in out}
+    return root, out, docs
+
+
+def without_timing(doc) -> dict[str, dict]:
+    return {c["id"]: {k: v for k, v in c.items() if k not in TIMING} for c in doc["cases"]}
+
+
+def test_shards_merge_to_the_whole_run(runs):
+    _, out, docs = runs
+    whole, merged = docs["whole"], docs["merged"]
+    assert without_timing(merged) == without_timing(whole)
+    assert merged["summary"] == whole["summary"]
+    assert merged.get("stability") == whole.get("stability")
+    assert sum(len(docs[f"s{i}"]["cases"]) for i in (1, 2, 3)) == len(whole["cases"])
+    assert out["merged"].returncode == out["whole"].returncode == 1  # exp fails
+    assert merged["run"]["targets"] == whole["run"]["targets"]
+    assert [m["shard"] for m in merged["run"]["merged"]["shards"]] == ["1/3", "2/3", "3/3"]
+
+
+def test_stale_divergence_is_judged_on_the_merged_set(runs):
+    """The shards leave strictness to the merge: none of them has an xpass, the merge has the
+    whole run's."""
+    _, _, docs = runs
+    xpass = {c["id"] for c in docs["whole"]["cases"] if c["outcome"] == "xpass"}
+    assert xpass and all(i.startswith("neg/float64/") for i in xpass)
+    assert not [c for i in (1, 2, 3) for c in docs[f"s{i}"]["cases"] if c["outcome"] == "xpass"]
+    assert {c["id"] for c in docs["merged"]["cases"] if c["outcome"] == "xpass"} == xpass
+
+
+def test_bundles_follow_their_cases(runs):
+    root, _, docs = runs
+    failing = {c["id"] for c in docs["whole"]["cases"] if c["outcome"] == "fail"}
+    assert failing and all(i.startswith("exp/float64/") for i in failing)
+    for name in ("whole", "merged"):
+        recs = [c for c in docs[name]["cases"] if c.get("repro")]
+        assert {c["id"] for c in recs} == failing
+        assert sorted(p.name for p in (root / name / "repro").iterdir()) == sorted(
+            Path(c["repro"]).name for c in recs)
+        assert all((root / name / c["repro"] / "repro.py").is_file() for c in recs)
+
+
+# -- refusals (synthetic reports) -------------------------------------------------------------------
+def record(cid: str, outcome: str = "pass", **kw) -> res.CaseResult:
+    op, dtype = cid.split("/")[:2]
+    kw.setdefault("attrs", {})
+    return res.CaseResult(id=cid, op=op, dtype=dtype, shape=[[3]], family="odd", vals="random",
+                          backend="mlx", device="cpu", mode="eager", outcome=outcome, **kw)
+
+
+def report(path: Path, shard: str | None, *recs: res.CaseResult) -> Path:
+    res.write_results(path / "results.json", {"shard": shard} if shard else {}, list(recs))
+    return path
+
+
+def test_records_round_trip_through_case_results():
+    """merge re-judges records as CaseResults and writes them back: nothing may change on the way
+    (infinite errors are stored as strings, NaN as null)."""
+    r = record("neg/float32/shape:3/vals:random/mlx-cpu-eager", "fail", max_abs_err=float("inf"),
+               max_rel_err=float("nan"), max_ulp=3.0, attrs={"min": float("-inf")}, message="m")
+    rec = r.to_json()
+    back = res.CaseResult.from_json(json.loads(json.dumps(rec)))
+    assert back.to_json() == rec and back.max_abs_err == float("inf") and back.max_rel_err is None
+    assert res.CaseResult.from_json({**rec, "field_of_a_newer_harness": 1}).to_json() == rec
+
+
+def test_refuses_a_repeated_or_missing_shard(tmp_path):
+    a = report(tmp_path / "a", "1/2", record("neg/float32/shape:3/vals:random/mlx-cpu-eager"))
+    with pytest.raises(RlxError, match="given twice"):
+        merge(tmp_path / "out", [a, a])
+    with pytest.raises(RlxError, match="2/2 missing"):
+        merge(tmp_path / "out", [a])
+    m = merge(tmp_path / "out", [a], partial=True)
+    assert any("partial merge" in w for w in m.warnings)
+    assert cli.main(["merge", str(tmp_path / "out"), str(a), str(a)]) == 2
+    assert cli.main(["merge", str(tmp_path / "out"), str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_case_in_two_reports_must_agree(tmp_path):
+    cid = "neg/float32/shape:3/vals:random/mlx-cpu-eager"
+    a = report(tmp_path / "a", "1/2", record(cid, duration_s=0.1))
+    b = report(tmp_path / "b", "2/2", record(cid, duration_s=0.2))  # timings may differ
+    assert [r.id for r in merge(tmp_path / "out", [a, b]).results] == [cid]
+    c = report(tmp_path / "c", "2/2", record(cid, outcome="fail", message="boom"))
+    with pytest.raises(RlxError, match=r"different results \(message, outcome\)"):
+        merge(tmp_path / "out", [a, c])
