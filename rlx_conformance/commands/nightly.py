@@ -1,0 +1,124 @@
+"""``rlx-conformance nightly``: the whole matrix on every backend under test, every device this
+machine has and every mode, into a dated report dir (results.json, junit.xml, stats.json,
+diff.json, report.html), diffed against the committed baseline and the tolerance lock. Exit 1 on
+a regression (diff.py says what counts), not on known or baseline failures: the nightly gates on
+what got worse."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from .. import junit, records, report_html, stats
+from .. import results as res
+from ..diff import compare
+from ..errors import RlxError
+from .diff import add_diff_options, check_lock, print_diff, thresholds, write_json
+
+DEFAULT_BASELINE = Path("reports") / "baseline"
+
+
+def default_report_dir() -> Path:
+    return Path("reports") / f"nightly-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _backends(names: list[str] | None) -> list[str]:
+    """The backends under test: those named, else every installed one but the CPU reference."""
+    from backends import BACKENDS, get_backend
+
+    if names:
+        return names
+    found = []
+    for name in BACKENDS:
+        if name == "cpu":
+            continue
+        try:
+            get_backend(name)
+            found.append(name)
+        except RlxError as e:
+            print(f"nightly: skipping backend {name}: {e}", file=sys.stderr)
+    if not found:
+        raise RlxError("no backend under test is installed")
+    return found
+
+
+def _targets(args):
+    from ..cli import _split
+    from ..session import backend_targets
+
+    devices = args.device if args.device == "all" else _split([args.device])
+    modes = args.mode if args.mode == "all" else _split([args.mode])
+    return [t for b in _backends(_split(args.backend)) for t in backend_targets(b, devices, modes)]
+
+
+def write_stats(path: Path, cases: list[records.Record]) -> None:
+    doc = {"schema": "rlx-conformance/stats/v1",
+           "groups": {records.key_str(k): d.to_json() for k, d in stats.distributions(cases).items()}}
+    res.atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
+def cmd_nightly(args) -> int:
+    from ..cli import _print_summary, _progress, _split, _tf32_run
+    from ..session import build_cases, execute
+
+    cases = build_cases(_targets(args), _split(args.ops), _split(args.dtypes), tf32=args.tf32)
+    if not cases:
+        raise RlxError("no cases selected")
+    tholds = thresholds(args)  # bad options fail before the run, not after it
+    report = Path(args.report) if args.report else default_report_dir()
+    if (report / "results.json").exists():
+        raise RlxError(f"{report} already holds a run; pick another --report")
+    baseline = Path(args.baseline)
+    counts: Counter[str] = Counter()
+    with _progress(len(cases), enabled=not args.no_progress and sys.stderr.isatty()) as bar:
+        def on_result(r: res.CaseResult) -> None:
+            counts[r.outcome] += 1
+            bar(r, counts)
+        try:
+            run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
+                          **_tf32_run(args, cases))
+        except KeyboardInterrupt:
+            print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
+            return 130
+    _print_summary(run, args.show)
+
+    new = records.load(run.path)
+    junit.write(report / "junit.xml", new.cases)
+    write_stats(report / "stats.json", new.cases)
+    base = None
+    if (baseline / "results.json").is_file() or baseline.is_file():
+        base = records.load(baseline)
+    else:
+        print(f"nightly: no baseline at {baseline}: every bad case counts as new", file=sys.stderr)
+    d = compare(base, new, tholds)
+    d.lock = check_lock(args, new)
+    write_json(d, report / "diff.json")
+    report_html.write(new, report / "report.html", diff=d, lock=d.lock)
+    print_diff(d, args.show)
+    print(f"report: {report / 'report.html'}")
+    return 1 if d.regression else 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("nightly", help="the whole matrix on every backend, device and mode, "
+                       "with JUnit, HTML and a diff against the baseline",
+                       description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--report", metavar="DIR", help="report dir (default: reports/nightly-<time>)")
+    p.add_argument("--baseline", default=str(DEFAULT_BASELINE), metavar="DIR",
+                   help=f"baseline report dir or results.json (default: {DEFAULT_BASELINE})")
+    p.add_argument("--backend", action="append", metavar="NAME",
+                   help="backends under test (default: every installed one but the cpu reference)")
+    p.add_argument("--device", default="all", help="cpu, gpu or all (default: all this machine has)")
+    p.add_argument("--mode", default="all", help="eager, lazy, compiled or all (default: all)")
+    p.add_argument("--ops", "--op", action="append", metavar="GLOB", help="op name globs (default: all)")
+    p.add_argument("--dtypes", action="append", metavar="GLOB", help="dtype globs (default: all)")
+    p.add_argument("--tf32", choices=("on", "off", "both"), default=None,
+                   help="MLX_ENABLE_TF32 for the workers, as for `run` (default: as the environment says)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run (default 60)")
+    p.add_argument("--show", type=int, default=25, help="rows per list in the terminal (default 25)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_diff_options(p)
+    p.set_defaults(fn=cmd_nightly)

@@ -1,0 +1,130 @@
+"""The baseline diff: new failures, fixed, added/removed, error drift, distribution drift, and the
+exit status of ``rlx-conformance diff`` (1 on regressions only)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from results_fixtures import group, result, write
+from rlx_conformance import cli, records
+from rlx_conformance.diff import Thresholds, compare
+
+
+def diff_of(tmp_path, base, new, **kw):
+    b = records.load(write(tmp_path / "base", base))
+    n = records.load(write(tmp_path / "new", new))
+    return compare(b, n, Thresholds(**kw))
+
+
+def ids(xs):
+    return sorted(x["id"] if isinstance(x, dict) else x for x in xs)
+
+
+def test_outcome_transitions(tmp_path):
+    pairs = {  # n: (base outcome, new outcome)
+        1: ("pass", "fail"), 2: ("xfail", "crash"), 3: ("skip", "error"),  # new failures
+        4: ("fail", "fail"), 5: ("fail", "timeout"),  # still bad
+        6: ("fail", "pass"), 7: ("crash", "xfail"),  # fixed
+        8: ("pass", "xfail"), 9: ("pass", "skip"),  # other changes
+        10: ("pass", "pass"),
+    }
+    base = [result(outcome=o, n=k) for k, (o, _) in pairs.items()] + [result(n=20)]  # 20: removed
+    new = [result(outcome=o, n=k) for k, (_, o) in pairs.items()] + [result(n=30), result(outcome="xpass", n=31)]
+    d = diff_of(tmp_path, base, new)
+    by_n = {k: result(n=k).id for k in (*pairs, 20, 30, 31)}
+    assert ids(d.new_failures) == sorted([by_n[1], by_n[2], by_n[3], by_n[31]])
+    assert ids(d.fixed) == sorted([by_n[6], by_n[7]])
+    assert d.still_bad == 2
+    assert {(x["id"], x["base"], x["new"]) for x in d.outcome_changes} == {
+        (by_n[5], "fail", "timeout"), (by_n[8], "pass", "xfail"), (by_n[9], "pass", "skip")}
+    assert d.added == sorted([by_n[30], by_n[31]]) and d.removed == [by_n[20]]
+    assert d.regression
+    nf = {x["id"]: x for x in d.new_failures}
+    assert nf[by_n[31]]["base"] is None and nf[by_n[1]]["base"]["outcome"] == "pass"
+
+
+def test_added_and_removed_alone_are_not_a_regression(tmp_path):
+    d = diff_of(tmp_path, [result(n=1), result(n=2)], [result(n=2), result(n=3), result(outcome="xfail", n=4)])
+    assert d.added and d.removed and not d.new_failures and not d.regression
+
+
+def test_case_error_drift_thresholds(tmp_path):
+    base_ulps = {1: 1.0, 2: 0.0, 3: 3.0, 4: 3.0, 5: 2.0}
+    new_ulps = {1: 8.0, 2: 1.0, 3: 6.0, 4: 7.0, 5: float("inf")}
+    base = [result(n=k, ulp=u, rel=0.0) for k, u in base_ulps.items()]
+    new = [result(n=k, ulp=u, rel=0.0) for k, u in new_ulps.items()]
+    d = diff_of(tmp_path, base, new)
+    drifted = {x["id"] for x in d.error_drift if x["metric"] == "max_ulp"}
+    # 1→8 and 3→7 exceed ×2 and +2 ULP; 0→1 (last bit) and 3→6 (exactly ×2) do not; 2→inf does
+    assert drifted == {result(n=1).id, result(n=4).id, result(n=5).id}
+    assert d.regression
+    d2 = diff_of(tmp_path / "loose", base, new, ulp_growth=10.0)
+    assert {x["id"] for x in d2.error_drift} == {result(n=5).id}
+
+
+def test_relative_error_floor_scales_with_dtype(tmp_path):
+    eps64, eps32 = 2.0 ** -52, 2.0 ** -23
+    base = [result(dtype="float64", n=1, ulp=None, rel=1 * eps64), result(dtype="float32", n=2, ulp=None, rel=1 * eps32)]
+    new = [result(dtype="float64", n=1, ulp=None, rel=10 * eps64), result(dtype="float32", n=2, ulp=None, rel=3 * eps32)]
+    d = diff_of(tmp_path, base, new)
+    assert [(x["id"], x["metric"]) for x in d.error_drift] == [(result(dtype="float64", n=1).id, "max_rel_err")]
+
+
+def test_distribution_drift_while_every_case_passes(tmp_path):
+    base = group("exp", "float32", [1.0] * 100)
+    new = group("exp", "float32", [1.0] * 95 + [10.0] * 5)
+    d = diff_of(tmp_path, base, new)
+    assert len(d.distribution_drift) == 1
+    g = d.distribution_drift[0]
+    assert g["group"] == "exp/float32/mlx-cpu-eager" and g["all_pass"]
+    assert set(g["metrics"]) == {"p99", "max"} and g["base"]["p99"] == 1.0 and g["new"]["p99"] == 10.0
+    assert d.regression
+
+
+def test_distribution_is_compared_over_shared_cases_only(tmp_path):
+    base = group("exp", "float32", [1.0] * 10)
+    new = group("exp", "float32", [1.0] * 10) + group("exp", "float32", [500.0], start=100)  # a new, worse case
+    d = diff_of(tmp_path, base, new)
+    assert d.added == [result(n=100).id] and not d.distribution_drift and not d.regression
+
+
+def test_over_budget_count_drift(tmp_path):
+    base, new = group("exp", "float32", [1.0, 1.0]), group("exp", "float32", [1.0, 1.0])
+    bd = write(tmp_path / "b", base)
+    nd = write(tmp_path / "n", new)
+    for path, flags in ((bd, [False, False]), (nd, [True, False])):  # the oracle's field, as it writes it
+        doc = json.loads((path / "results.json").read_text())
+        for c, f in zip(doc["cases"], flags):
+            c["over_budget"] = f
+        (path / "results.json").write_text(json.dumps(doc))
+    d = compare(records.load(bd), records.load(nd))
+    assert [x["metrics"] for x in d.distribution_drift] == [["over_budget"]]
+
+
+def test_no_baseline_counts_every_bad_case_as_new(tmp_path):
+    n = records.load(write(tmp_path / "new", [result(n=1), result(outcome="fail", n=2)]))
+    d = compare(None, n)
+    assert ids(d.new_failures) == [result(n=2).id] and len(d.added) == 2 and d.regression
+
+
+def test_cli_exit_status_and_json(tmp_path, capsys):
+    b = write(tmp_path / "base", [result(n=1), result(n=2)])
+    same = write(tmp_path / "same", [result(n=1), result(n=2), result(n=3)])
+    worse = write(tmp_path / "worse", [result(n=1), result(outcome="crash", n=2)])
+    assert cli.main(["diff", str(b), str(same / "results.json"), "--no-lock"]) == 0
+    out = tmp_path / "d.json"
+    assert cli.main(["diff", str(b), str(worse), "--no-lock", "--json", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "rlx-conformance/diff/v1" and doc["regression"] is True
+    assert doc["counts"]["new_failures"] == 1 and doc["new_failures"][0]["new"]["outcome"] == "crash"
+    assert "REGRESSION" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["diff", "/nonexistent", "/nonexistent"], ["diff", ".", ".", "--ulp-growth", "0.5"]])
+def test_cli_bad_input_exits_2(argv, tmp_path, capsys):
+    if argv[1] == ".":
+        d = str(write(tmp_path / "r", [result()]))
+        argv = argv[:1] + [d, d] + argv[3:]
+    assert cli.main(argv + ["--no-lock"]) == 2
+    assert "error:" in capsys.readouterr().err
