@@ -1,0 +1,337 @@
+"""``rlx-conformance validate``: the worked examples of docs/porting-a-kernel.md, and each rule
+the verdict enforces (tests/validate_kernels.py holds one kernel per broken rule).
+
+Every run here is small: hard_sigmoid (14 cases per dtype), eager mode, one worker, usually one
+dtype or a few case ids, no speed sampling unless under test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlx_conformance import cli
+from rlx_conformance.registry import get_op
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "kernels"
+KERNELS = Path(__file__).resolve().parent / "validate_kernels.py"
+FAST = ["--mode", "eager", "--workers", "1", "--speed-cases", "0"]
+
+
+def validate(tmp_path, op, kernel, *extra, capsys=None):
+    """Run the CLI in this process; returns (exit code, validate.json or None, stdout, stderr)."""
+    report = tmp_path / "report"
+    code = cli.main(["validate", op, "--kernel", kernel, "--report", str(report), *FAST, *extra])
+    out, err = capsys.readouterr() if capsys else ("", "")
+    doc = json.loads((report / "validate.json").read_text()) if (report / "validate.json").exists() else None
+    return code, doc, out, err
+
+
+def results(tmp_path) -> dict[str, dict]:
+    return {c["id"]: c for c in json.loads((tmp_path / "report" / "results.json").read_text())["cases"]}
+
+
+# -- the worked examples of the guide -------------------------------------------------------------
+def test_good_example_passes_the_whole_matrix(tmp_path, capsys):
+    code, doc, out, _ = validate(tmp_path, "hard_sigmoid", f"{EXAMPLES / 'good_hard_sigmoid.py'}:hard_sigmoid",
+                                 "--speed-cases", "2", capsys=capsys)
+    assert code == 0, out
+    assert doc["summary"]["pass"] == doc["summary"]["total"] == 56  # 4 dtypes x 14
+    assert set(doc["by_dtype"]) == {"float32", "float16", "bfloat16", "float64"}
+    assert "PASS" in out and "by dtype" in out and "by shape family" in out
+    # speed against the built-in kernel and the CPU reference, on 2 sampled passing cases
+    assert doc["speed"]["builtin"]["cases"] == 2 and doc["speed"]["reference"]["cases"] == 2
+    assert "built-in kernel" in out and "CPU reference" in out
+    # the origin is the module path, in the verdict and in every result record
+    assert doc["kernel"].endswith("good_hard_sigmoid.py:hard_sigmoid")
+    assert all(r["origin"] == doc["kernel"] for r in results(tmp_path).values())
+    # for this run only: the built-in kernel is back afterwards
+    from backends import get_backend
+
+    assert get_backend("mlx").kernels["hard_sigmoid"].origin == "builtin"
+
+
+def test_broken_example_fails_with_its_worst_cases_and_bundles(tmp_path, capsys):
+    code, doc, out, _ = validate(tmp_path, "hard_sigmoid", f"{EXAMPLES / 'broken_hard_sigmoid.py'}:hard_sigmoid",
+                                 "--dtypes", "float32", capsys=capsys)
+    assert code == 1
+    fails = [w for w in doc["worst"] if w["outcome"] == "fail"]
+    assert fails and all("hard_sigmoid/float32/" in w["id"] for w in fails)
+    assert max(w["max_ulp"] for w in fails) > 1000  # cancellation near x = -3: not a rounding slip
+    assert "worst errors" in out and "FAIL" in out
+    # one repro bundle per failed case (rlx_conformance/bundle.py), written by the worker that had
+    # the arrays: inputs, reference, the kernel's outputs
+    bundles = sorted(p for p in (tmp_path / "report" / "repro").iterdir() if not p.name.startswith("."))
+    assert len(bundles) == doc["summary"]["fail"] == doc["bundles"]
+    b = bundles[0]
+    assert {"inputs.npz", "expected.npz", "actual.npz", "case.json"} <= {p.name for p in b.iterdir()}
+    case = json.loads((b / "case.json").read_text())
+    assert case["outcome"] == "fail" and case["id"].startswith("hard_sigmoid/float32/")
+    with np.load(b / "inputs.npz") as z:
+        assert z["in0"].dtype == np.float32
+    assert all(bad["repro"] and "--case" in bad["rerun"] for bad in doc["bad"])
+    assert "rerun one case: rlx-conformance validate hard_sigmoid" in out
+
+
+# -- isolation: crash and hang --------------------------------------------------------------------
+def test_crash_and_hang_are_recorded_and_validation_goes_on(tmp_path):
+    code, doc, _, _ = validate(tmp_path, "hard_sigmoid", f"{KERNELS}:crash_or_hang", "--dtypes", "float32",
+                               "--timeout", "2")
+    assert code == 1
+    by_size = {}
+    for r in results(tmp_path).values():
+        n = int(np.prod(r["shape"][0])) if r["shape"][0] else 1
+        by_size.setdefault(n, set()).add(r["outcome"])
+    assert by_size[7] == {"crash"}
+    assert by_size[24] == {"timeout"}
+    assert all(o == {"pass"} for n, o in by_size.items() if n not in (7, 24))
+    assert doc["summary"]["total"] == 14
+    # the later stages ran after the crash and the hang
+    assert [p["verdict"] for p in doc["error_inputs"]] == ["rejected (harness pre-validation)"]
+
+
+# -- the call convention --------------------------------------------------------------------------
+ONE_CASE = ["--case", "hard_sigmoid/float32/shape:3x5/vals:random/mlx-cpu-eager",
+            "--case", "hard_sigmoid/float16/shape:2x3x4/vals:special/mlx-cpu-eager"]
+
+
+@pytest.mark.parametrize("name, words", [
+    ("wrong_shape", "has shape (1, "),
+    ("wrong_dtype", "has dtype int32"),
+    ("not_an_array", "is a numpy.ndarray, not an array of the mlx backend"),
+    ("mutates_input", "modified input 0 (x) in place"),
+])
+def test_contract_violations_are_reported_as_such(tmp_path, name, words):
+    code, doc, _, _ = validate(tmp_path, "hard_sigmoid", f"{KERNELS}:{name}", *ONE_CASE)
+    assert code == 1
+    rs = results(tmp_path)
+    assert len(rs) == 2
+    for r in rs.values():
+        assert r["outcome"] == "contract", r
+        assert words in r["message"], r["message"]
+        assert r["max_ulp"] is None  # never judged as a numeric mismatch
+
+
+def test_input_mutation_is_caught_in_compiled_mode_too(tmp_path):
+    """mx.compile hides a write to an input from the caller; the check sees it anyway."""
+    report = tmp_path / "report"
+    code = cli.main(["validate", "hard_sigmoid", "--kernel", f"{KERNELS}:mutates_input", "--report", str(report),
+                     "--mode", "compiled", "--workers", "1", "--speed-cases", "0",
+                     "--case", "hard_sigmoid/float32/shape:3x5/vals:random/mlx-cpu-compiled"])
+    assert code == 1
+    (r,) = results(tmp_path).values()
+    assert r["outcome"] == "contract" and "modified input 0 (x)" in r["message"]
+
+
+# -- usage errors: one line, exit 2 -------------------------------------------------------------------
+@pytest.mark.parametrize("args, words", [
+    (["hard_sigmoidd", "--kernel", f"{KERNELS}:wrong_shape"], "unknown op 'hard_sigmoidd' (did you mean hard_sigmoid"),
+    (["hard_sigmoid", "--kernel", "no_such_module_xyz:f"], "cannot load kernel module no_such_module_xyz"),
+    (["hard_sigmoid", "--kernel", "/no/such/file.py:f"], "no file /no/such/file.py"),
+    (["hard_sigmoid", "--kernel", f"{KERNELS}:no_such_function"], "has no function 'no_such_function'"),
+    (["hard_sigmoid", "--kernel", "nocolon"], "MODULE:FUNC"),
+    (["hard_sigmoid", "--kernel", f"{KERNELS}:two_inputs"], "takes 2 positional input(s), the spec has 1"),
+    (["hard_sigmoid", "--kernel", f"{KERNELS}:wrong_shape", "--device", "tpu"], "no device 'tpu'"),
+    (["hard_sigmoid", "--kernel", f"{KERNELS}:wrong_shape", "--mode", "jit"], "no mode 'jit'"),
+    (["hard_sigmoid", "--kernel", f"{KERNELS}:wrong_shape", "--backend", "cpu"], "the cpu backend is the reference"),
+    (["hard_sigmoid", "--kernel", f"{KERNELS}:wrong_shape", "--case", "exp/float32/x"], "no case"),
+])
+def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, args, words):
+    code = cli.main(["validate", *args, "--report", str(tmp_path / "r")])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("rlx-conformance: error: "), err
+    assert words in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_kernel_module_that_raises_at_import_is_a_usage_error(tmp_path, capsys):
+    bad = tmp_path / "bad_kernel.py"
+    bad.write_text("raise RuntimeError('half-written kernel')\n")
+    assert cli.main(["validate", "hard_sigmoid", "--kernel", f"{bad}:f"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load kernel module" in err and "RuntimeError: half-written kernel" in err
+
+
+def test_importable_module_kernel(tmp_path, monkeypatch):
+    """MODULE:FUNC form: a module importable from the current directory, as with python -m."""
+    (tmp_path / "mykernels.py").write_text("import mlx.core as mx\n\n"
+                                           "def hs(x):\n    return mx.clip((x + 3) / 6, 0.0, 1.0)\n")
+    monkeypatch.chdir(tmp_path)
+    code, doc, _, _ = validate(tmp_path, "hard_sigmoid", "mykernels:hs", *ONE_CASE)
+    assert code == 0 and doc["kernel"] == "mykernels:hs"
+
+
+# -- known divergences: excused only where the built-in kernel shares them -----------------------------
+def test_known_divergence_shared_with_builtin_is_xfail_and_strict_fails(tmp_path):
+    code, doc, _, _ = validate(tmp_path, "sign", f"{KERNELS}:sign_like_builtin", "--dtypes", "float32")
+    rs = results(tmp_path)
+    xf = [r for r in rs.values() if r["outcome"] == "xfail"]
+    assert xf and all("built-in kernel fails this case too" in r["message"] for r in xf)
+    assert code == 0
+    code, doc, _, _ = validate(tmp_path, "sign", f"{KERNELS}:sign_like_builtin", "--dtypes", "float32", "--strict")
+    rs = results(tmp_path)
+    assert code == 1 and not any(r["outcome"] == "xfail" for r in rs.values())
+    assert any("--strict" in r["message"] for r in rs.values() if r["outcome"] == "fail")
+
+
+# -- error-input parity -----------------------------------------------------------------------------
+CHOL_CASE = ["--case", "cholesky/float32/shape:3x3/vals:random/mlx-cpu-eager"]
+
+
+def test_error_input_parity_kernel_that_accepts_garbage_fails(tmp_path, capsys):
+    code, doc, out, _ = validate(tmp_path, "cholesky", f"{KERNELS}:cholesky_unchecked", *CHOL_CASE, capsys=capsys)
+    assert code == 1 and doc["summary"]["pass"] == 1  # the case passes: only parity fails
+    probes = {p["description"]: p for p in doc["error_inputs"]}
+    assert probes["non-square"]["verdict"].startswith("rejected (harness")
+    pd = probes["not positive definite"]
+    assert pd["harness"] is None and not pd["ok"] and pd["kernel"].startswith("accepts")
+    assert "error input(s) accepted" in out and "error-input parity" in out
+
+
+def test_error_input_parity_kernel_that_rejects_passes(tmp_path):
+    code, doc, _, _ = validate(tmp_path, "cholesky", f"{KERNELS}:cholesky_checked", *CHOL_CASE)
+    assert code == 0
+    probes = {p["description"]: p for p in doc["error_inputs"]}
+    assert probes["not positive definite"]["verdict"] == "rejected (kernel)"
+    assert probes["not positive definite"]["kernel"].startswith("rejects: ValueError")
+
+
+def test_error_inputs_declared_for_the_representative_families():
+    """Elementwise binary (shapes), reductions (axes), gather/scatter and the ONNX custom ops
+    (indices), mat_mul (contraction), cast (dtype): each declares error inputs, and each of
+    them is rejected by the harness's pre-validation or by the CPU reference."""
+    from backends import get_backend
+    from backends.base import prevalidate
+    from rlx_conformance.errors import SpecError
+
+    ops = ["add", "bit_and", "eq", "where", "fma", "clamp", "cast", "exp", "reduce_sum", "reduce_max",
+           "arg_max", "softmax", "cumsum", "gather", "scatter_add", "onnx.GatherND", "onnx.ScatterElements",
+           "mat_mul", "dot_general"]
+    cpu = get_backend("cpu")
+    for op in ops:
+        spec = get_op(op)
+        assert spec.error_inputs is not None, op
+        errs = spec.error_inputs()
+        assert errs, op
+        for desc, inputs, attrs in errs:
+            try:
+                prevalidate(spec, inputs, attrs)
+            except SpecError:
+                continue
+            with pytest.raises(Exception):
+                cpu.run(op, inputs, attrs)
+    descs = {op: [d for d, _, _ in get_op(op).error_inputs()] for op in ("add", "reduce_sum", "cast", "mat_mul")}
+    assert "shapes do not broadcast" in descs["add"] and "axis out of range" in descs["reduce_sum"]
+    assert "unknown dtype" in descs["cast"] and "contraction mismatch" in descs["mat_mul"]
+
+
+# -- fuzzing ------------------------------------------------------------------------------------------
+def test_fuzz_finds_a_planted_bug_the_matrix_misses_and_shrinks_it(tmp_path, capsys):
+    code, doc, out, _ = validate(tmp_path, "hard_sigmoid", f"{KERNELS}:planted_bug", "--dtypes", "float32",
+                                 "--fuzz", "150", "--derandomize", capsys=capsys)
+    assert doc["summary"]["pass"] == doc["summary"]["total"] == 14  # invisible to the matrix
+    assert code == 1
+    f = doc["fuzz"]
+    assert f["derandomized"] and f["failure"] is not None
+    fail = f["failure"]
+    assert fail["outcome"] == "fail" and fail["dtype"] == "float32"
+    assert fail["shapes"] == [[2]]  # shrunk: the smallest failing size
+    assert fail["inputs"] == [["0.0", "0.0"]]  # and the simplest values
+    bundle = tmp_path / "report" / f["bundle"]
+    with np.load(bundle / "inputs.npz") as z:
+        assert z["in0"].shape == (2,)
+    assert "FAILURE" in out and "a fuzz failure" in out
+
+
+def test_fuzz_on_a_good_kernel_finds_nothing(tmp_path):
+    code, doc, _, _ = validate(tmp_path, "hard_sigmoid", f"{EXAMPLES / 'good_hard_sigmoid.py'}:hard_sigmoid",
+                               "--dtypes", "float32", "--fuzz", "40", "--derandomize")
+    assert code == 0 and doc["fuzz"]["failure"] is None and doc["fuzz"]["examples"] >= 40
+
+
+def test_fuzz_strategy_respects_the_spec():
+    """Examples keep the family's equalities (broadcast pairs still broadcast) and valid attrs."""
+    from hypothesis import given, settings
+
+    from rlx_conformance.fuzz import example_strategy
+
+    spec = get_op("reduce_sum")
+
+    @settings(max_examples=30, derandomize=True, database=None, deadline=None)
+    @given(example_strategy(spec, ["float32", "int32"]))
+    def check(ex):
+        attrs = dict(ex.attrs)
+        spec.validate(ex.shapes, spec.case_dtypes(ex.dtype), attrs)
+        assert ex.inputs[0].shape == ex.shapes[0] and ex.inputs[0].dtype.name == ex.dtype
+    check()
+
+
+# -- entry points: kernels registered permanently by another package -----------------------------------
+PLUGIN = textwrap.dedent('''\
+    """A third-party package that registers an MLX kernel for neg through the entry-point group."""
+    import mlx.core as mx
+
+
+    def register(backend):
+        backend.register("neg", lambda x: mx.negative(x), replace=True)
+''')
+
+
+def _install_plugin(site: Path) -> None:
+    """What pip install leaves in site-packages: the package and its dist-info with the entry point."""
+    (site / "rlxplug").mkdir(parents=True)
+    (site / "rlxplug" / "__init__.py").write_text(PLUGIN)
+    info = site / "rlxplug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlxplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[rlx_conformance.kernels]\nmlx = rlxplug:register\n")
+    (info / "RECORD").write_text("")
+
+
+def test_entry_point_kernels_show_in_ops_and_run_everywhere(tmp_path):
+    site = tmp_path / "site"
+    _install_plugin(site)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    ops = subprocess.run([sys.executable, "-m", "rlx_conformance", "ops", "--format", "json"], env=env,
+                         capture_output=True, text=True, check=True, cwd=tmp_path)
+    rows = {r["name"]: r for r in json.loads(ops.stdout)}
+    origin = rows["neg"]["backends"]["mlx"]["origin"]
+    assert origin == "rlxplug:register (entry point mlx, rlxplug 0.1)"
+    assert rows["exp"]["backends"]["mlx"]["origin"] == "builtin"
+    report = tmp_path / "run"
+    run = subprocess.run([sys.executable, "-m", "rlx_conformance", "run", "--ops", "neg", "--dtypes", "float32",
+                          "--mode", "eager", "--workers", "1", "--report", str(report), "--no-progress"],
+                         env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    cases = json.loads((report / "results.json").read_text())["cases"]
+    assert cases and all(c["origin"] == origin for c in cases)  # loaded in every worker
+    assert f"neg on mlx from {origin}" in " ".join(run.stdout.split())  # rich wraps at 80 columns
+
+
+def test_broken_entry_point_is_named(tmp_path):
+    site = tmp_path / "site"
+    _install_plugin(site)
+    (site / "rlxplug" / "__init__.py").write_text(
+        "def register(backend):\n    backend.register('neg', lambda x, y: x, replace=True)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    ops = subprocess.run([sys.executable, "-m", "rlx_conformance", "ops"], env=env, capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert ops.returncode == 2
+    assert "entry point mlx = rlxplug:register (rlxplug 0.1)" in ops.stderr
+    assert "takes 2 positional input(s)" in ops.stderr
+
+
+def test_fuzz_without_hypothesis_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # import hypothesis -> ImportError
+    code = cli.main(["validate", "hard_sigmoid", "--kernel", f"{EXAMPLES / 'good_hard_sigmoid.py'}:hard_sigmoid",
+                     "--fuzz", "10", "--report", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--fuzz needs hypothesis" in err and err.count("\n") == 1
