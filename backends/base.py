@@ -13,7 +13,7 @@ import numpy as np
 from rlx_conformance import dtypes as dt
 from rlx_conformance.errors import (KernelContractError, RegistrationError, SpecError,
                                     UnsupportedError)
-from rlx_conformance.registry import OpSpec, OutSpec, get_op
+from rlx_conformance.registry import REQUIRED, OpSpec, OutSpec, get_op
 
 
 @dataclass
@@ -77,9 +77,17 @@ class Backend:
     name = "?"
     modes: tuple[str, ...] = ("eager",)
     default_mode = "eager"
+    # Devices on which the backend DOCUMENTS flushing subnormal results to zero (FTZ). Only there
+    # may the precise oracle (rlx_conformance/accuracy.py) accept a zero where the exact result
+    # is subnormal; the case then records ftz_used. A property of the arithmetic, not a tolerance.
+    ftz_devices: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         self.kernels: dict[str, KernelEntry] = {}
+
+    def flushes_subnormals(self, device: str) -> bool:
+        """Whether results that would be subnormal may come back as zero on ``device`` (FTZ)."""
+        return device in self.ftz_devices
 
     # -- registration ------------------------------------------------------------------------
     def all_devices(self) -> tuple[str, ...]:
@@ -134,6 +142,15 @@ class Backend:
         e = self.kernels.get(op)
         return bool(e) and dtype in e.dtypes.get(device, ())
 
+    def variants(self, op: str, dtype: str, device: str, option: str | None = None) -> list[str]:
+        """The numerics variants a case of ``op`` runs in on ``device`` (matrix.Target.variant;
+        ``option`` is the run's choice, e.g. --tf32). [""]: the backend has none for it."""
+        return [""]
+
+    def variant_env(self, variant: str) -> dict[str, str]:
+        """Environment a worker process needs for ``variant``, set before the backend loads."""
+        return {}
+
     # -- running ---------------------------------------------------------------------------------
     def run(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None = None,
             device: str = "cpu", mode: str | None = None, *, force: bool = False) -> list[np.ndarray]:
@@ -147,28 +164,53 @@ class Backend:
             raise SpecError(f"{self.name}: unknown device {device!r} (devices: {', '.join(self.all_devices())})")
         if device not in self.devices():
             raise UnsupportedError(f"{self.name}: device {device!r} is not available on this machine")
-        arrays = []
-        for k, x in enumerate(inputs):
-            if not isinstance(x, np.ndarray):
-                raise SpecError(f"{op}: input {k} is {type(x).__name__}, expected a numpy array")
-            arrays.append(x)
-        try:
-            in_dtypes = [dt.name_of(x.dtype) for x in arrays]
-        except ValueError as e:
-            raise SpecError(f"{op}: {e}") from None
-        attrs, outs = spec.validate([x.shape for x in arrays], in_dtypes, attrs)
-        if spec.check_values is not None:
-            spec.check_values(arrays, attrs)
+        arrays, in_dtypes, attrs, outs = prevalidate(spec, inputs, attrs)
         entry = self.entry(op)
         t = type_var(spec, in_dtypes) or outs[0][1]
         if not force and not self.supports(op, t, device):
             raise UnsupportedError(f"{self.name} does not support {op} on {t} on device {device}")
         return self._execute(entry, spec, arrays, in_dtypes, attrs, outs, device, mode)
 
+    def run_unchecked(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None = None,
+                      device: str = "cpu", mode: str | None = None) -> list[np.ndarray]:
+        """The kernel alone, without the harness's pre-validation (:func:`prevalidate`): what the
+        kernel itself does with an error input (validate's error-input parity). Attributes get
+        their defaults filled but are not checked; no output spec exists, so outputs are not
+        checked or narrowed. Inputs must be numpy arrays of harness dtypes."""
+        spec = get_op(op)
+        entry = self.entry(op)
+        attrs = {a.name: a.default for a in spec.attrs if a.default is not REQUIRED} | dict(attrs or {})
+        in_dtypes = [dt.name_of(x.dtype) for x in inputs]
+        return self._execute(entry, spec, list(inputs), in_dtypes, attrs, None, device, mode or self.default_mode)
+
     def _execute(self, entry: KernelEntry, spec: OpSpec, inputs: list[np.ndarray],
-                 in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec], device: str,
+                 in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec] | None, device: str,
                  mode: str) -> list[np.ndarray]:
+        """Run the kernel. ``outs`` None: :meth:`run_unchecked` (no contract check, no narrowing).
+        With ``entry.options["check_inputs"]`` (contributed kernels) the inputs the kernel saw are
+        compared with pristine copies afterwards (:func:`check_inputs_unchanged`)."""
         raise NotImplementedError
+
+
+def prevalidate(spec: OpSpec, inputs: Sequence[Any], attrs: Mapping[str, Any] | None
+                ) -> tuple[list[np.ndarray], list[str], dict[str, Any], list[OutSpec]]:
+    """The harness's checks in front of every kernel: numpy inputs of harness dtypes, the spec's
+    dtypes, attributes and shape inference, then the op's host-side value checks (index ranges,
+    CSR structure). Returns (arrays, input dtype names, resolved attrs, output specs); raises
+    SpecError."""
+    arrays = []
+    for k, x in enumerate(inputs):
+        if not isinstance(x, np.ndarray):
+            raise SpecError(f"{spec.name}: input {k} is {type(x).__name__}, expected a numpy array")
+        arrays.append(x)
+    try:
+        in_dtypes = [dt.name_of(x.dtype) for x in arrays]
+    except ValueError as e:
+        raise SpecError(f"{spec.name}: {e}") from None
+    resolved, outs = spec.validate([x.shape for x in arrays], in_dtypes, attrs)
+    if spec.check_values is not None:
+        spec.check_values(arrays, resolved)
+    return arrays, in_dtypes, resolved, outs
 
 
 def type_var(spec: OpSpec, in_dtypes: Sequence[str]) -> str | None:
@@ -197,9 +239,36 @@ def check_outputs(backend: str, spec: OpSpec, outs: list[Any], declared: list[Ou
         try:
             got_shape, got_dtype = shape_dtype(o)
         except (TypeError, ValueError, AttributeError):
-            raise KernelContractError(f"{where}: output {k} is a {type(o).__name__}, not an array") from None
+            kind = f"{type(o).__module__}.{type(o).__qualname__}".removeprefix("builtins.")
+            raise KernelContractError(f"{where}: output {k} is a {kind}, not an array of the {backend} "
+                                      "backend") from None
         if len(got_shape) != len(shape) or any(s is not None and g != s for g, s in zip(got_shape, shape)):
             raise KernelContractError(f"{where}: output {k} has shape {tuple(got_shape)}, the spec says {tuple(shape)}")
         allowed = {dtype, dt.compute_dtype(dtype)} if spec.low_precision == "f32" else {dtype}
         if got_dtype not in allowed:
             raise KernelContractError(f"{where}: output {k} has dtype {got_dtype}, the spec says {dtype}")
+
+
+def check_inputs_unchanged(backend: str, spec: OpSpec, pristine: Sequence[np.ndarray],
+                           after: Sequence[np.ndarray]) -> None:
+    """A kernel must not modify its inputs: ``after`` (the inputs the kernel was handed, read back
+    after the call) must equal ``pristine`` (copies taken before) bit for bit (any NaN equals any
+    NaN: payloads may change crossing into a backend). Raises KernelContractError naming the input."""
+    where = f"{backend} kernel for {spec.name!r}"
+    for k, (b, a) in enumerate(zip(pristine, after)):
+        name = spec.inputs[min(k, len(spec.inputs) - 1)].name
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise KernelContractError(f"{where}: modified input {k} ({name}) in place: it became "
+                                      f"{a.dtype}{list(a.shape)}, was {b.dtype}{list(b.shape)}")
+        if a.dtype == np.bool_ or not a.size:
+            same = np.array_equal(a, b)
+        else:
+            bits = f"u{a.dtype.itemsize}"
+            eq = np.ascontiguousarray(a).view(bits) == np.ascontiguousarray(b).view(bits)
+            if dt.is_float(dt.name_of(a.dtype)):
+                with np.errstate(invalid="ignore"):
+                    eq |= np.isnan(a.astype(np.float64)) & np.isnan(b.astype(np.float64))
+            same = bool(np.all(eq))
+        if not same:
+            raise KernelContractError(f"{where}: modified input {k} ({name}) in place; kernels must "
+                                      "not write to their inputs")

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import results as res
-from .errors import RlxError
+from .errors import RegistrationError, RlxError
 
 
 def _split(values: list[str] | None) -> list[str] | None:
@@ -26,6 +26,10 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
                    "(default: $RLX_MLX_MODE, else compiled)")
     p.add_argument("--ops", "--op", action="append", metavar="GLOB", help="op name globs (repeatable, comma-separated)")
     p.add_argument("--dtypes", action="append", metavar="GLOB", help="dtype globs")
+    p.add_argument("--tf32", choices=("on", "off", "both"), default=None,
+                   help="MLX_ENABLE_TF32 for the workers; the float32 matmul/conv family on a GPU "
+                        "runs as target variant tf32:on / tf32:off, both ways with 'both' "
+                        "(default: as the environment says)")
 
 
 def _targets(args):
@@ -38,30 +42,63 @@ def _targets(args):
 def cmd_run(args) -> int:
     from .session import build_cases, default_report_dir, execute, find_case
 
+    if args.repeat < 1 or args.sample < 1:
+        raise RlxError("--repeat and --sample want a count >= 1")
     if args.case:
         cases = [find_case(i) for i in args.case]
     else:
-        cases = build_cases(_targets(args), _split(args.ops), _split(args.dtypes))
+        cases = build_cases(_targets(args), _split(args.ops), _split(args.dtypes), tf32=args.tf32)
+    shard = None
     if args.shard:
         i, n = _parse_shard(args.shard)
         cases = [c for k, c in enumerate(cases) if k % n == i - 1]
+        shard = f"{i}/{n}"
+    if args.sample > 1:
+        cases = _sample(cases, args.sample)
     if not cases:
         raise RlxError("no cases selected")
     report = Path(args.report) if args.report else default_report_dir()
     counts: Counter[str] = Counter()
-    progress = _progress(len(cases), enabled=not args.no_progress and sys.stderr.isatty())
+    progress = _progress(len(cases) * args.repeat, enabled=not args.no_progress and sys.stderr.isatty())
     with progress as bar:
         def on_result(r: res.CaseResult) -> None:
             counts[r.outcome] += 1
             bar(r, counts)
         try:
             run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
-                          strict_divergences=not (args.case or args.shard))
+                          strict_divergences=not (args.case or args.shard or args.sample > 1),
+                          repeat=args.repeat, bundles=not args.no_bundles, shard=shard,
+                          **_tf32_run(args, cases))
         except KeyboardInterrupt:
             print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
             return 130
     _print_summary(run, args.show)
+    n_bundles = sum(1 for r in run.results if r.repro)
+    if n_bundles:
+        print(f"repro bundles: {n_bundles} under {report / 'repro'} (python <bundle>/repro.py)")
     return 1 if run.failed else 0
+
+
+def _tf32_run(args, cases) -> dict:
+    """execute() options for --tf32: the workers' MLX_ENABLE_TF32 (on/off: the whole run; both:
+    per case, from its variant) and what the run metadata says about it."""
+    variants = sorted({c.target.variant for c in cases if c.target.variant.startswith("tf32:")})
+    meta = {"tf32": {"option": args.tf32 or "env", "variants": variants}}
+    if args.tf32 in ("on", "off"):
+        return {"env": {"MLX_ENABLE_TF32": "1" if args.tf32 == "on" else "0"}, "meta": meta}
+    return {"meta": meta}
+
+
+def _sample(cases, k: int):
+    """Every k-th input set of each (op, dtype), with all of its targets (the modes of one input
+    set are compared bit-wise), so every (op, dtype) keeps at least one."""
+    seen: dict[tuple[str, str], dict[str, int]] = {}
+    keep = []
+    for c in cases:
+        ids = seen.setdefault((c.op, c.dtype), {})
+        if ids.setdefault(c.input_id, len(ids)) % k == 0:
+            keep.append(c)
+    return keep
 
 
 def _parse_shard(s: str) -> tuple[int, int]:
@@ -126,6 +163,12 @@ def _print_summary(run, show: int) -> None:
             f"{op} ({', '.join(f'{o} {n}' for (p, o), n in sorted(per_op.items()) if p == op)})" for op in ops))
     parts = [f"{summary[o]} {o}" for o in res.OUTCOMES if summary[o]]
     console.print(f"{summary['total']} cases in {run.meta.get('wall_s', 0):.1f} s: " + ", ".join(parts))
+    from .stability import classify, summary_line
+
+    console.print(summary_line(classify(run.results)))
+    origins = sorted({(r.op, r.backend, r.origin) for r in run.results if r.origin != "builtin"})
+    if origins:  # kernels from entry points (rlx_conformance.kernels) or validate --kernel
+        console.print("kernels not built in: " + "; ".join(f"{op} on {b} from {o}" for op, b, o in origins))
     for w in run.meta.get("warnings", []):
         console.print(f"warning: {w}")
     if run.path:
@@ -141,6 +184,8 @@ def cmd_ops(args) -> int:
     for name in BACKENDS:
         try:
             backends[name] = get_backend(name)
+        except RegistrationError:
+            raise  # a kernel that does not fit (an entry point's): not "backend not installed"
         except RlxError:
             pass
     rows = []
@@ -193,7 +238,7 @@ def _jsonable(v):
 def cmd_list(args) -> int:
     from .session import build_cases
 
-    for c in build_cases(_targets(args), _split(args.ops), _split(args.dtypes)):
+    for c in build_cases(_targets(args), _split(args.ops), _split(args.dtypes), tf32=args.tf32):
         print(c.id)
     return 0
 
@@ -209,8 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run before it is killed (default 60)")
     r.add_argument("--shard", metavar="I/N", help="run only shard I of N (deterministic split)")
+    r.add_argument("--sample", type=int, default=1, metavar="K",
+                   help="run every K-th input set of each op and dtype, all its targets (default 1: all)")
+    r.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run each case N times, in different workers where possible, and classify "
+                        "bit-stability over repeats and modes (default 1)")
     r.add_argument("--show", type=int, default=25, help="bad cases to list at the end (default 25)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--no-bundles", action="store_true",
+                   help="no repro bundles (REPORT/repro/<case>/) for the cases that fail the run")
     r.set_defaults(fn=cmd_run)
     o = sub.add_parser("ops", help="list the registry's ops with per-backend support")
     o.add_argument("--format", choices=("table", "json"), default="table")

@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from . import accuracy
 from . import dtypes as dt
 from .compare import EXACT, compare
-from .errors import RlxError, UnsupportedError
+from .errors import KernelContractError, RlxError, UnsupportedError
 from .matrix import Case, make_inputs
 from .results import CaseResult
+from .stability import output_digest
 from .tolerances import tolerance_for
 
 
@@ -71,11 +73,15 @@ def judge(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
     return all(c.ok for c in comps), comps, tol
 
 
-def run_case(case: Case) -> CaseResult:
+def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
+    """``capture``: filled with the arrays of the case (inputs, expected, actual as far as they
+    came), for the repro bundle of a failing case (bundle.py)."""
     from backends import get_backend
 
     t0 = time.perf_counter()
     inputs, ref = REF_CACHE.get(case)
+    if capture is not None:
+        capture.update(inputs=inputs, expected=ref)
     if isinstance(ref, Exception):
         return CaseResult.for_case(case, "error", duration_s=time.perf_counter() - t0,
                                    message=f"reference failed: {type(ref).__name__}: {ref}")
@@ -83,6 +89,8 @@ def run_case(case: Case) -> CaseResult:
     backend = get_backend(tg.backend)
     entry = backend.kernels.get(case.op)
     kw: dict[str, Any] = {"kernel": "native" if entry is None or entry.native else "delegated"}
+    if entry is not None and entry.origin != "builtin":
+        kw["origin"] = entry.origin
     if tg.backend == "mlx" and entry is not None:
         stream = backend.stream_for(entry, [d for d in case.spec.case_dtypes(case.dtype, len(inputs))], tg.device)
         if stream != tg.device:
@@ -92,6 +100,8 @@ def run_case(case: Case) -> CaseResult:
         out = backend.run(case.op, [x.copy() for x in inputs], case.attr_dict, tg.device, tg.mode,
                           force=not case.declared)
         kw["backend_s"] = time.perf_counter() - t1
+        if capture is not None:
+            capture["actual"] = out
     except UnsupportedError as e:
         return CaseResult.for_case(case, "skip", duration_s=time.perf_counter() - t0, message=str(e), **kw)
     except Exception as e:  # noqa: BLE001 — any kernel failure is a result, not a harness crash
@@ -102,10 +112,16 @@ def run_case(case: Case) -> CaseResult:
                 f"{type(e).__name__}: {e}"))
         detail = str(e) if isinstance(e, RlxError) else f"{type(e).__name__}: {e}\n" + \
             "".join(traceback.format_exception(e)[-3:])
-        return CaseResult.for_case(case, "error", duration_s=dur, message=detail.strip(), **kw)
+        # A broken call convention (output count/shape/dtype, non-array, input written) is its own
+        # outcome, never a numeric mismatch or a generic error.
+        outcome = "contract" if isinstance(e, KernelContractError) else "error"
+        return CaseResult.for_case(case, outcome, duration_s=dur, message=detail.strip(), **kw)
+    kw["output_digest"] = output_digest(out)  # bit-stability across repeats and modes
     try:
         with np.errstate(all="ignore"):  # NaN/inf in the error arithmetic are expected, not news
             ok, comps, tol = judge(case, inputs, ref, out)
+            # the precise oracle (accuracy.py): is the reference, is the target, right?
+            orc = accuracy.assess(case, inputs, ref, out, ok) if case.declared else None
     except Exception as e:  # noqa: BLE001 — a bug in a judge is the harness's, reported as such
         return CaseResult.for_case(case, "error", duration_s=time.perf_counter() - t0, **kw, message=(
             f"harness error while judging: {type(e).__name__}: {e}"))
@@ -116,6 +132,13 @@ def run_case(case: Case) -> CaseResult:
         max_ulp=max((c.max_ulp for c in comps), default=0.0),
         tolerance=tol.to_json() if tol else None, duration_s=dur, **kw)
     msg = "; ".join(c.message for c in comps if c.message)
+    if orc is not None:
+        refbug, note = orc.pop("reference_bug"), orc.pop("note")
+        measured.update(orc)
+        if refbug:  # the reference itself is wrong: never a pass, never hidden by a divergence
+            return CaseResult.for_case(case, "error", message=refbug + (f" [{msg}]" if msg else ""), **measured)
+        if note and not ok:
+            msg = f"{msg}; {note}"
     if not case.declared:
         if ok:
             return CaseResult.for_case(case, "fail", message=(

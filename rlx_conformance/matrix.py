@@ -25,20 +25,24 @@ Shape = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Target:
-    """Where the case runs: backend, device, mode (for example mlx/cpu/compiled)."""
+    """Where the case runs: backend, device, mode (for example mlx/cpu/compiled), and a backend
+    variant where the backend has one that changes numerics (``tf32:on`` / ``tf32:off`` for
+    MLX's float32 matmul/conv family on a GPU, see MlxBackend.variants): ``mlx-gpu-lazy-tf32:off``."""
 
     backend: str
     device: str
     mode: str
+    variant: str = ""
 
     def __str__(self) -> str:
-        return f"{self.backend}-{self.device}-{self.mode}"
+        base = f"{self.backend}-{self.device}-{self.mode}"
+        return f"{base}-{self.variant}" if self.variant else base
 
     @classmethod
     def parse(cls, s: str) -> "Target":
         parts = s.split("-")
-        if len(parts) != 3:
-            raise RlxError(f"bad target {s!r}: expected BACKEND-DEVICE-MODE, e.g. mlx-cpu-compiled")
+        if len(parts) not in (3, 4):
+            raise RlxError(f"bad target {s!r}: expected BACKEND-DEVICE-MODE[-VARIANT], e.g. mlx-cpu-compiled")
         return cls(*parts)
 
 
@@ -68,6 +72,7 @@ class Case:
     vals: str
     target: Target
     declared: bool = True  # does the target backend claim this dtype on this device?
+    repeat: int = 0  # which run of the case under --repeat N (not part of the id, inputs or seed)
 
     @property
     def input_id(self) -> str:

@@ -153,7 +153,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Strict known divergences: an entry none of whose cases failed makes the session fail
-    (its items already passed; the stale entry is reported here)."""
+    (its items already passed; the stale entry is reported here). Likewise the cases of a group
+    recorded bit-stable (cases/bit_stable.toml) whose modes disagree bit-wise."""
     feed = session.stash.get(_KEY, None)
     if feed is None:
         return
@@ -161,15 +162,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
     full = not session.config.option.keyword and not os.environ.get("PYTEST_XDIST_WORKER")
     warnings = finalize(feed.all) if full else []
+    from .stability import enforce
+
+    enforce(feed.all)  # cases/bit_stable.toml: the modes of a recorded group must agree bit-wise
+    unstable = [r for r in feed.all if r.outcome == "fail" and r.message.startswith("bit-stability:")]
     xpass = sorted({r.divergence["entry"] for r in feed.all if r.outcome == "xpass"})
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         for i in xpass:
             tr.write_line(f"rlx-conformance: known divergence #{i} no longer reproduces (xpass, strict): "
                           "remove it from cases/known_divergences.toml", red=True)
+        for r in unstable:
+            tr.write_line(f"rlx-conformance: {r.id}: {r.message.splitlines()[0]}", red=True)
         for w in warnings:
             tr.write_line(f"rlx-conformance: warning: {w}", yellow=True)
-    if xpass and session.exitstatus == 0:
+    if (xpass or unstable) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     out = session.config.getoption("--rlx-report")
     if out:

@@ -9,13 +9,15 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 SCHEMA = "rlx-conformance/results/v1"
-OUTCOMES = ("pass", "fail", "xfail", "xpass", "error", "crash", "timeout", "skip")
-BAD = ("fail", "xpass", "error", "crash", "timeout")  # outcomes that fail a run
+# contract: the kernel broke the call convention (wrong output count/shape/dtype, a non-array
+# output, an input modified in place): reported as such, never as a numeric mismatch.
+OUTCOMES = ("pass", "fail", "xfail", "xpass", "error", "contract", "crash", "timeout", "skip")
+BAD = ("fail", "xpass", "error", "contract", "crash", "timeout")  # outcomes that fail a run
 
 
 @dataclass
@@ -32,7 +34,9 @@ class CaseResult:
     mode: str
     outcome: str
     kernel: str = "native"  # native | delegated
+    origin: str = "builtin"  # where the target's kernel comes from (validate --kernel, an entry point)
     stream: str | None = None  # the MLX stream that ran (cpu/gpu) when it differs from the device
+    variant: str = ""  # the target's backend variant, e.g. "tf32:off" (matrix.Target.variant)
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     max_ulp: float | None = None
@@ -43,18 +47,48 @@ class CaseResult:
     seed: int = 0
     declared: bool = True
     divergence: dict[str, Any] | None = None
+    # bit-stability (stability.py): sha256 of the target's outputs (bytes, shapes, dtypes); with
+    # --repeat N, which run this record is (journal) and, merged, every run's digest in order
+    output_digest: str | None = None
+    repeat: int = 0
+    repeat_digests: list[str | None] | None = None
+    repro: str | None = None  # the case's repro bundle, relative to the report dir (bundle.py)
+    # the precise oracle (accuracy.py; None where the op has none): max ULP distance of the
+    # reference and of the target from the correctly rounded result, elements over the op's
+    # accuracy budget (cases/accuracy.toml), the verdict (ok | target-over-budget |
+    # reference-bug | supports-reference | both-within-budget), and whether a flushed subnormal
+    # was accepted under the backend's declared FTZ
+    oracle_ulp_ref: float | None = None
+    oracle_ulp_target: float | None = None
+    over_budget: int | None = None
+    over_budget_ref: int | None = None
+    budget: dict[str, Any] | None = None
+    oracle_verdict: str | None = None
+    ftz_used: bool = False
 
     @classmethod
     def for_case(cls, case, outcome: str, **kw: Any) -> "CaseResult":
         t = case.target
         return cls(id=case.id, op=case.op, dtype=case.dtype, shape=[list(s) for s in case.shapes],
                    family=case.family, attrs={k: _jsonable(v) for k, v in case.attrs}, vals=case.vals,
-                   backend=t.backend, device=t.device, mode=t.mode, outcome=outcome,
-                   seed=case.seed, declared=case.declared, **kw)
+                   backend=t.backend, device=t.device, mode=t.mode, variant=t.variant, outcome=outcome,
+                   seed=case.seed, declared=case.declared, repeat=case.repeat, **kw)
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON: NaN becomes null and +-inf the strings "inf"/"-inf", anywhere in the record."""
         return _jsonable(asdict(self))
+
+    @classmethod
+    def from_json(cls, rec: dict[str, Any]) -> "CaseResult":
+        """A record of results.json back as a CaseResult (merge re-judges shard records): fields
+        this version does not know are dropped; measured errors "inf"/"-inf" become floats again
+        (NaN was stored as null and stays None), so ``to_json`` gives the record back."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in rec.items() if k in names}
+        for k in ("max_abs_err", "max_rel_err", "max_ulp"):
+            if isinstance(kw.get(k), str):
+                kw[k] = float(kw[k])
+        return cls(**kw)
 
 
 def _jsonable(v: Any) -> Any:
@@ -93,6 +127,9 @@ def run_metadata(**kw: Any) -> dict[str, Any]:
     except ImportError:
         meta["mlx"] = None
     meta["env"] = {k: v for k, v in os.environ.items() if k.startswith(("RLX_", "MLX_"))}
+    # TF32 for float32 matmul/conv on CUDA (MLX reads it once per process; unset = MLX's default,
+    # on). Cases run under another setting carry it in their target (variant tf32:on/tf32:off).
+    meta["mlx_enable_tf32"] = os.environ.get("MLX_ENABLE_TF32", "unset (MLX default: 1)")
     meta.update(kw)
     return meta
 
@@ -118,7 +155,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_results(path: Path, run: dict[str, Any], results: list[CaseResult]) -> None:
-    doc = {"schema": SCHEMA, "run": run, "summary": summarize(results),
+    from .stability import classify
+
+    doc = {"schema": SCHEMA, "run": run, "summary": summarize(results), "stability": classify(results),
            "cases": [r.to_json() for r in results]}
     atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 

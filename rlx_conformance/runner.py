@@ -18,11 +18,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING
 
 from .errors import RlxError
 from .matrix import Case
 from .results import CaseResult
 from .tolerances import known_divergence, stale_entries
+
+if TYPE_CHECKING:
+    from .bundle import BundleSink
 
 DEFAULT_TIMEOUT = 60.0  # generous: MLX's CPU compile mode JIT-compiles C++ on first use
 
@@ -31,11 +35,12 @@ def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
     """A failure inside a known divergence's scope reports xfail; a pass inside it stays a pass
     but carries the entry, so that :func:`finalize` can tell when an entry has gone stale."""
     d = known_divergence(case)
-    if d is None or r.outcome == "skip":
-        return r
+    if d is None or r.outcome == "skip" or r.oracle_verdict == "reference-bug":
+        return r  # a reference bug (accuracy.py) is the harness's, never a backend's known divergence
     r.divergence = {"entry": d.index, "category": d.category, "reason": d.reason, "link": d.link}
-    if r.outcome in ("fail", "error", "crash", "timeout"):
+    if r.outcome in ("fail", "error", "contract", "crash", "timeout"):
         r.message = f"known divergence ({d.category}: {d.reason}) — was {r.outcome}: {r.message}"
+        r.divergence["was"] = r.outcome  # validate re-checks these against the built-in kernel
         r.outcome = "xfail"
     return r
 
@@ -53,7 +58,21 @@ def finalize(results: list[CaseResult]) -> list[str]:
     return [f"known divergence #{d.index} ({d.op}) matched no case" for d in unmatched]
 
 
-def _worker_main(conn: Connection, env: dict[str, str], init: str | None) -> None:
+def _variant_groups(cases: Sequence[Case]) -> list[tuple[dict[str, str], list[Case]]]:
+    """Cases grouped by the environment their target's backend variant needs (in order of first
+    appearance); a run without variants is one group with an empty environment."""
+    from backends import get_backend
+
+    groups: dict[tuple[tuple[str, str], ...], list[Case]] = {}
+    for c in cases:
+        v = getattr(c.target, "variant", "")
+        env = get_backend(c.target.backend).variant_env(v) if v else {}
+        groups.setdefault(tuple(sorted(env.items())), []).append(c)
+    return [(dict(k), g) for k, g in groups.items()]
+
+
+def _worker_main(conn: Connection, env: dict[str, str], init: str | None,
+                 bundles: BundleSink | None = None) -> None:
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     # The reference meets singular matrices, empty means and overflow on purpose; numpy's and
@@ -76,10 +95,13 @@ def _worker_main(conn: Connection, env: dict[str, str], init: str | None) -> Non
         if task is None:
             return
         for i, case in enumerate(task):
+            capture: dict | None = {} if bundles is not None else None  # the arrays, for a repro bundle
             try:
-                r = run_case(case)
+                r = run_case(case, capture)
             except Exception as e:  # noqa: BLE001 — never let a harness bug take the worker down
                 r = CaseResult.for_case(case, "error", message=f"harness error: {type(e).__name__}: {e}")
+            if bundles is not None:
+                bundles.collect(case, r, capture)
             conn.send((i, r))
         conn.send(("done", None))
 
@@ -91,6 +113,7 @@ class _Worker:
     task: list[Case] = field(default_factory=list)
     next: int = 0
     deadline: float = float("inf")
+    seen: set[str] = field(default_factory=set)  # the first case ids of the tasks it ran
 
 
 def _context() -> mp.context.BaseContext:
@@ -122,13 +145,19 @@ class Runner:
     """Process pool with crash and timeout isolation. ``workers=0`` runs in-process (no isolation)."""
 
     def __init__(self, workers: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-                 task_size: int = 24, env: dict[str, str] | None = None, init: str | None = None):
+                 task_size: int = 24, env: dict[str, str] | None = None, init: str | None = None,
+                 bundles: BundleSink | None = None):
         self.workers = os.cpu_count() or 1 if workers is None else workers
         self.timeout = timeout
         self.task_size = task_size
         self.env = env or {}
         self.init = init
-        self._retried: set[str] = set()
+        # repro bundles of failing cases: written by the worker that has the arrays; for a crash or
+        # timeout, from regenerated inputs and reference (in a child process: bundle.py)
+        self.bundles = bundles
+        self._retried: set[tuple[str, int]] = set()
+        self.same_worker_repeats = 0  # --repeat tasks that had to run in a worker that ran them before
+        self._split = False  # already one environment's share of a run (see run)
         self._ctx = _context()
 
     def _tasks(self, cases: Sequence[Case]) -> deque[list[Case]]:
@@ -144,7 +173,8 @@ class Runner:
                 continue
             cur.append(c)
             nxt = cases[i + 1] if i + 1 < len(cases) else None
-            if len(cur) >= self.task_size and (nxt is None or nxt.input_id != c.input_id):
+            if (len(cur) >= self.task_size and (nxt is None or nxt.input_id != c.input_id)
+                    or nxt is not None and nxt.repeat != c.repeat):  # repeats: the same tasks again
                 tasks.append(cur)
                 cur = []
         if cur:
@@ -153,7 +183,7 @@ class Runner:
 
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_worker_main, args=(child, self.env, self.init), daemon=True)
+        p = self._ctx.Process(target=_worker_main, args=(child, self.env, self.init, self.bundles), daemon=True)
         p.start()
         child.close()
         # A worker that cannot even start (import error, bad environment) would otherwise be
@@ -171,6 +201,17 @@ class Runner:
 
     def run(self, cases: Iterable[Case]) -> Iterator[CaseResult]:
         cases = list(cases)
+        groups = _variant_groups(cases) if self.workers and not self._split else []
+        if len(groups) > 1 or (groups and groups[0][0]):
+            # Backend variants that need another environment (TF32 on/off: MLX reads it once per
+            # process): one pool of workers per environment, one after the other.
+            for genv, group in groups:
+                sub = Runner(self.workers, self.timeout, self.task_size, {**self.env, **genv}, self.init,
+                             bundles=self.bundles)
+                sub._split = True
+                yield from sub.run(group)
+                self.same_worker_repeats += sub.same_worker_repeats
+            return
         if self.workers == 0:
             from .execute import run_case
 
@@ -180,7 +221,11 @@ class Runner:
                 mod, _, fn = self.init.partition(":")
                 getattr(importlib.import_module(mod), fn)()
             for c in cases:
-                yield apply_divergence(c, run_case(c))
+                capture: dict | None = {} if self.bundles is not None else None
+                r = run_case(c, capture)
+                if self.bundles is not None:
+                    self.bundles.collect(c, r, capture)
+                yield apply_divergence(c, r)
             return
         tasks = self._tasks(cases)
         pool: list[_Worker] = []
@@ -191,7 +236,7 @@ class Runner:
             while tasks or any(w.task for w in pool):
                 while idle and tasks:
                     w = idle.pop()
-                    w.task, w.next = tasks.popleft(), 0
+                    w.task, w.next = self._pick(tasks, w, len(pool)), 0
                     w.deadline = time.monotonic() + self._timeout(w.task[0])
                     w.conn.send(w.task)
                 busy = [w for w in pool if w.task]
@@ -234,6 +279,20 @@ class Runner:
                     w.proc.kill()
                     w.proc.join()
 
+    def _pick(self, tasks: deque[list[Case]], w: _Worker, n_workers: int) -> list[Case]:
+        """The next task for worker ``w``: the first one it has not run before (under --repeat a
+        case's repeats run in different processes where possible, so that process-level state
+        such as compile caches cannot hide nondeterminism), else the first."""
+        k = 0
+        if n_workers > 1 and tasks[0][0].id in w.seen:
+            k = next((i for i, t in enumerate(tasks) if t[0].id not in w.seen), 0)
+        task = tasks[k]
+        del tasks[k]
+        if task[0].id in w.seen:
+            self.same_worker_repeats += 1
+        w.seen.add(task[0].id)
+        return task
+
     @staticmethod
     def _isolated(case: Case) -> bool:
         """A known divergence that corrupts its process (cases/known_divergences.toml,
@@ -271,15 +330,15 @@ class Runner:
         pool.append(nw)
         idle.append(nw)
         d = known_divergence(case)
-        if timed_out and case.id not in self._retried and not (d is not None and d.timeout):
+        if timed_out and (case.id, case.repeat) not in self._retried and not (d is not None and d.timeout):
             # One retry in a fresh worker: a load spike or a first-use compile on a busy machine
             # must not read as a hang. A case that hangs twice is recorded as a timeout.
-            self._retried.add(case.id)
+            self._retried.add((case.id, case.repeat))
             tasks.appendleft([case] + rest)
             return
         if timed_out:
             limit = self._timeout(case)
-            again = " (twice, in two fresh workers)" if case.id in self._retried else ""
+            again = " (twice, in two fresh workers)" if (case.id, case.repeat) in self._retried else ""
             r = CaseResult.for_case(case, "timeout", duration_s=limit,
                                     message=f"no result within {limit:g} s{again}; worker killed")
         else:
@@ -287,4 +346,6 @@ class Runner:
                 f"worker process died ({_signal_name(w.proc.exitcode)}) while running this case"))
         if rest:
             tasks.appendleft(rest)
+        if self.bundles is not None:  # the worker took the arrays with it: regenerated
+            self.bundles.collect(case, r, None)
         yield apply_divergence(case, r)

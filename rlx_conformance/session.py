@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import results as res
+from . import stability
 from .errors import RlxError
 from .matrix import Case, Target, generate
 from .runner import DEFAULT_TIMEOUT, Runner, finalize
@@ -50,8 +51,23 @@ def supports(t: Target, op: str, dtype: str) -> bool:
 
 
 def build_cases(targets: Sequence[Target], ops: Sequence[str] | None = None,
-                dtypes: Sequence[str] | None = None) -> list[Case]:
-    return generate(targets, ops=ops, dtypes=dtypes, supports=supports)
+                dtypes: Sequence[str] | None = None, tf32: str | None = None) -> list[Case]:
+    """The matrix's cases for ``targets``; each case in as many backend variants as its backend
+    runs it in (``tf32``: on, off, both, or None for what the environment says; MLX's float32
+    matmul/conv family on a GPU, MlxBackend.variants)."""
+    return with_variants(generate(targets, ops=ops, dtypes=dtypes, supports=supports), tf32)
+
+
+def with_variants(cases: Sequence[Case], option: str | None = None) -> list[Case]:
+    from dataclasses import replace
+
+    from backends import get_backend
+
+    out = []
+    for c in cases:
+        for v in get_backend(c.target.backend).variants(c.op, c.dtype, c.target.device, option):
+            out.append(c if v == c.target.variant else replace(c, target=replace(c.target, variant=v)))
+    return out
 
 
 def find_case(case_id: str) -> Case:
@@ -60,7 +76,8 @@ def find_case(case_id: str) -> Case:
     if len(parts) < 4:
         raise RlxError(f"not a case id: {case_id!r} (e.g. exp/float16/shape:1031/vals:special/mlx-cpu-compiled)")
     target = Target.parse(parts[-1])
-    for c in build_cases([target], ops=[parts[0]]):
+    base = Target(target.backend, target.device, target.mode)
+    for c in build_cases([base], ops=[parts[0]], tf32="both" if target.variant else None):
         if c.id == case_id.strip():
             return c
     raise RlxError(f"no case with id {case_id!r} in the current matrix")
@@ -87,18 +104,31 @@ class Run:
 def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | None = None,
             timeout: float = DEFAULT_TIMEOUT, init: str | None = None,
             on_result: Callable[[res.CaseResult], None] | None = None, meta: dict | None = None,
-            strict_divergences: bool = True) -> Run:
+            strict_divergences: bool = True, repeat: int = 1, env: dict[str, str] | None = None,
+            bundles: bool = False, shard: str | None = None) -> Run:
     """Run cases in isolated workers, stream them to a journal, write results.json atomically
     (also after Ctrl-C: what was gathered is kept, with run.interrupted = true).
     ``strict_divergences``: turn the passes of stale known-divergence entries into xpass; only
-    meaningful when the run holds every case of those entries (not for --case or --shard)."""
+    meaningful when the run holds every case of those entries (not for --case or --shard).
+    ``repeat``: run each case that many times (in different workers where possible) and merge
+    the records per id, keeping every repeat's output digest (stability.py).
+    ``bundles``: write a repro bundle (bundle.py) for every case that fails the run, under
+    ``report_dir/repro/``. ``shard``: "I/N", recorded in the metadata; the judgments over the
+    whole set (strict known divergences, bit-stability across modes) are left to ``merge``."""
     run = Run()
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
     journal = res.Journal(report_dir / "results.partial.jsonl") if report_dir else None
     interrupted = False
+    sink = None
+    if bundles and report_dir is not None:
+        from .bundle import BundleSink
+
+        sink = BundleSink(Path(report_dir), timeout=timeout)
+    runner = Runner(workers=workers, timeout=timeout, init=init, env=env,  # env: set in each worker before init
+                    bundles=sink)
     try:
-        for r in Runner(workers=workers, timeout=timeout, init=init).run(cases):
+        for r in runner.run(stability.repeat_cases(cases, repeat)):
             run.results.append(r)
             if journal:
                 journal.add(r)
@@ -107,14 +137,19 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        warnings = finalize(run.results) if strict_divergences and not interrupted else []
+        if repeat > 1:
+            run.results = stability.merge_repeats(run.results)
+        whole = shard is None  # a shard leaves the judgments over the whole set to merge
+        warnings = finalize(run.results) if strict_divergences and whole and not interrupted else []
+        bit_failures = stability.enforce(run.results) if whole else 0  # cases/bit_stable.toml: modes/repeats must agree
         targets = sorted({str(c.target) for c in cases})
         run.meta = res.run_metadata(
             start=started.isoformat(timespec="seconds"), wall_s=round(time.perf_counter() - t0, 3),
             targets=targets, backend=sorted({c.target.backend for c in cases}),
             device=sorted({c.target.device for c in cases}), modes=sorted({c.target.mode for c in cases}),
             seed="sha256(case input id)", cases_planned=len(cases), interrupted=interrupted,
-            warnings=warnings,
+            warnings=warnings, repeat=repeat, same_worker_repeats=runner.same_worker_repeats,
+            bit_stability_failures=bit_failures, **({"shard": shard} if shard else {}),
             **(meta or {}))
         if report_dir:
             run.path = report_dir / "results.json"

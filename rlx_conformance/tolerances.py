@@ -92,8 +92,11 @@ def stale_entries(results) -> tuple[list[int], list[Divergence]]:
     if stale:  # a run that held only part of an entry's scope (--op, --dtypes) cannot tell
         stale = _fully_covered(stale, results)
     ops = {r.op for r in results}  # only entries about ops this run covered can be "unmatched"
+    devices, modes = {r.device for r in results}, {r.mode for r in results}  # (a GPU entry in a CPU run)
     unmatched = [d for d in divergences() if d.index not in matched
-                 and any(fnmatch.fnmatchcase(op, d.op) for op in ops)]
+                 and any(fnmatch.fnmatchcase(op, d.op) for op in ops)
+                 and d.device in (None, *devices) and d.mode in (None, *modes)
+                 and not (d.id and "vals:exhaustive" in d.id)]  # the exhaustive sweep's rows (exhaustive.py)
     return stale, unmatched
 
 
@@ -102,14 +105,19 @@ def _fully_covered(indices: list[int], results) -> list[int]:
     only a run that holds the whole scope can say a divergence is gone. (Entry 56 scopes the
     empty reductions of every reduce_* op; a run of reduce_sum alone must not call it stale.)"""
     from .matrix import Target, generate
+    from .session import with_variants
 
     ids = {r.id for r in results}
-    targets = sorted({Target.parse(i.rsplit("/", 1)[1]) for i in ids}, key=str)
+    targets = {Target.parse(i.rsplit("/", 1)[1]) for i in ids}
+    # backend variants (tf32:on/off) are not targets of their own: generate on the base targets,
+    # expand every variant, keep those the run had
+    base = sorted({Target(t.backend, t.device, t.mode) for t in targets}, key=str)
     by_index = {d.index: d for d in divergences()}
     out = []
     for i in indices:
         d = by_index[i]
-        scope = [c.id for c in generate(targets, ops=[d.op]) if known_divergence(c) is d]
+        scope = [c.id for c in with_variants(generate(base, ops=[d.op]), "both")
+                 if c.target in targets and known_divergence(c) is d]
         if all(c in ids for c in scope):
             out.append(i)
     return out

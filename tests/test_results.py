@@ -48,7 +48,7 @@ def test_write_results_document(tmp_path):
     path = tmp_path / "sub" / "results.json"
     write_results(path, {"argv": ["x"]}, rs)
     doc = strict_loads(path.read_text())
-    assert set(doc) == {"schema", "run", "summary", "cases"}
+    assert set(doc) == {"schema", "run", "summary", "stability", "cases"}
     assert doc["schema"] == results.SCHEMA and doc["run"] == {"argv": ["x"]}
     assert doc["summary"]["total"] == 3
     assert (doc["summary"]["pass"], doc["summary"]["fail"], doc["summary"]["crash"]) == (1, 1, 1)

@@ -10,7 +10,7 @@ import numpy as np
 from rlx_conformance import dtypes as dt
 from rlx_conformance.registry import OpSpec, OutSpec
 
-from ..base import Backend, KernelEntry, _as_list, check_outputs, compute_dtypes
+from ..base import Backend, KernelEntry, _as_list, check_inputs_unchanged, check_outputs, compute_dtypes
 
 
 class CpuBackend(Backend):
@@ -19,12 +19,18 @@ class CpuBackend(Backend):
     default_mode = "eager"
 
     def _execute(self, entry: KernelEntry, spec: OpSpec, inputs: list[np.ndarray],
-                 in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec], device: str,
+                 in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec] | None, device: str,
                  mode: str) -> list[np.ndarray]:
         args = [x.astype(dt.np_dtype(c)) if c != d else x
                 for x, d, c in zip(inputs, in_dtypes, compute_dtypes(spec, in_dtypes))]
+        check = outs is not None and bool(entry.options.get("check_inputs"))
+        pristine = [a.copy() for a in args] if check else []
         with np.errstate(all="ignore"):
             res = _as_list(entry.fn(*args, **attrs))
+        if outs is None:  # run_unchecked
+            return [np.asarray(o) for o in res]
+        if check:
+            check_inputs_unchanged(self.name, spec, pristine, args)
         check_outputs(self.name, spec, res, outs, lambda o: (np.shape(o), dt.name_of(o.dtype)))
         with np.errstate(all="ignore"):
             return [np.asarray(o).astype(dt.np_dtype(d), copy=False) for o, (_, d) in zip(res, outs)]

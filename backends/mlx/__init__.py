@@ -20,7 +20,8 @@ from rlx_conformance import dtypes as dt
 from rlx_conformance.errors import SpecError
 from rlx_conformance.registry import OpSpec, OutSpec
 
-from ..base import Backend, KernelEntry, _as_list, check_outputs, compute_dtypes
+from ..base import (Backend, KernelEntry, _as_list, check_inputs_unchanged, check_outputs,
+                    compute_dtypes)
 
 MX_DTYPES = {
     "float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "float64": mx.float64,
@@ -61,6 +62,10 @@ def mode_from_env(mode: str | None = None) -> str:
 class MlxBackend(Backend):
     name = "mlx"
     modes = MODES
+    # No FTZ: MLX documents no flush-to-zero mode, and its CPU build keeps subnormals in plain
+    # arithmetic (1e-40 * 1 = 1e-40, 2.8e-45 = 1e-45 + 1e-45, measured on 0.32.4). The subnormal
+    # losses of its exp-based kernels are accuracy findings (cases/known_divergences.toml).
+    ftz_devices: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,41 +87,76 @@ class MlxBackend(Backend):
             return "cpu"
         return device
 
+    # TF32: on CUDA MLX runs float32 matmul and convolution (and what is built on them) with
+    # TF32 tensor cores unless MLX_ENABLE_TF32=0, read once per process. float16/bfloat16 cases
+    # compute in float32 here, so they are affected too. On a GPU their cases run as variant
+    # tf32:on or tf32:off (the case id says which); --tf32 both runs each case both ways.
+    TF32_OPS = ("mat_mul", "dot_general", "conv", "conv_transpose2d", "attention")
+    TF32_ENV = "MLX_ENABLE_TF32"
+
+    def variants(self, op: str, dtype: str, device: str, option: str | None = None) -> list[str]:
+        if device != "gpu" or op not in self.TF32_OPS or dt.compute_dtype(dtype) != "float32":
+            return [""]
+        if option in (None, "env"):  # the setting the workers inherit
+            option = "off" if os.environ.get(self.TF32_ENV, "1").strip() == "0" else "on"
+        try:
+            return {"on": ["tf32:on"], "off": ["tf32:off"], "both": ["tf32:on", "tf32:off"]}[option]
+        except KeyError:
+            raise SpecError(f"mlx: --tf32 takes on, off or both, not {option!r}") from None
+
+    def variant_env(self, variant: str) -> dict[str, str]:
+        return {"tf32:on": {self.TF32_ENV: "1"}, "tf32:off": {self.TF32_ENV: "0"}}.get(variant, {})
+
     def _execute(self, entry: KernelEntry, spec: OpSpec, inputs: list[np.ndarray],
-                 in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec], device: str,
+                 in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec] | None, device: str,
                  mode: str) -> list[np.ndarray]:
         cdts = compute_dtypes(spec, in_dtypes)
-        out_dtypes = [d for _, d in outs]
+        out_dtypes = [d for _, d in outs] if outs is not None else []
+        # Contributed kernels: the graph also returns the inputs as the kernel left them, compared
+        # with the pristine inputs below (in compiled mode a write to an input is invisible outside
+        # the traced function otherwise).
+        check = outs is not None and bool(entry.options.get("check_inputs"))
         stream = mx.cpu if self.stream_for(entry, in_dtypes + out_dtypes, device) == "cpu" else mx.gpu
         with mx.stream(stream):
             args = [to_mlx(x, d) for x, d in zip(inputs, in_dtypes)]
             if mode == "compiled":
                 # Keyed by shapes too: the traced graph bakes in the declared output shapes.
                 key = (spec.name, repr(sorted(attrs.items())), tuple(in_dtypes),
-                       tuple(x.shape for x in inputs), str(stream), id(entry.fn))
+                       tuple(x.shape for x in inputs), str(stream), id(entry.fn), outs is None, check)
                 fn = self._compiled.get(key)
                 if fn is None:
-                    fn = self._compiled[key] = mx.compile(self._graph(entry, spec, attrs, cdts, outs, None))
+                    fn = self._compiled[key] = mx.compile(self._graph(entry, spec, attrs, cdts, outs, None, check))
                 res = fn(*args)
                 mx.eval(res)
             elif mode in ("eager", "lazy"):
-                res = self._graph(entry, spec, attrs, cdts, outs, mx.eval if mode == "eager" else None)(*args)
+                res = self._graph(entry, spec, attrs, cdts, outs, mx.eval if mode == "eager" else None,
+                                  check)(*args)
                 mx.eval(res)
             else:
                 raise SpecError(f"mlx: unknown mode {mode!r}")
-        return [to_numpy(r) for r in res]
+        res = [to_numpy(r) for r in res]
+        if check:
+            res, seen = res[:len(res) - len(inputs)], res[len(res) - len(inputs):]
+            pristine = [x.astype(dt.np_dtype(c)) if c != d else x for x, d, c in zip(inputs, in_dtypes, cdts)]
+            check_inputs_unchanged(self.name, spec, pristine, seen)
+        return res
 
-    def _graph(self, entry, spec, attrs, cdts, outs, step):
-        """widen → kernel → contract check → narrow, with ``step`` (mx.eval in eager mode) between."""
+    def _graph(self, entry, spec, attrs, cdts, outs, step, check=False):
+        """widen → kernel → contract check → narrow, with ``step`` (mx.eval in eager mode) between.
+        ``outs`` None (run_unchecked): the kernel's outputs as they come; ``check``: the kernel's
+        inputs after the call are returned too, after the outputs."""
         def fn(*args):
             wide = [a.astype(MX_DTYPES[c]) if dtype_name(a) != c else a for a, c in zip(args, cdts)]
             if step:
                 step(wide)
             res = _as_list(entry.fn(*wide, **attrs))
+            if outs is None:
+                return res
             check_outputs(self.name, spec, res, outs, lambda o: (o.shape, dtype_name(o)))
             if step:
                 step(res)
-            return [r.astype(MX_DTYPES[d]) if dtype_name(r) != d else r for r, (_, d) in zip(res, outs)]
+            out = [r.astype(MX_DTYPES[d]) if dtype_name(r) != d else r for r, (_, d) in zip(res, outs)]
+            return out + wide if check else out
         return fn
 
 

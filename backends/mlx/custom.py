@@ -12,9 +12,16 @@ applied; on GPUs through atomics, in no fixed order). Sparse solves: lu_solve as
 densely and uses mx.linalg.solve on the CPU stream (MLX linalg has no GPU kernels; registered
 with cpu_stream=True), so it is O(n^2) memory; cg_solve runs CG with a convergence mask, in
 eager and lazy mode stopping early once every lane converged.
+
+On a CUDA GPU stream the scatters, gathers, mat_vec, values_grad and CG's products run native
+CUDA kernels instead (``cuda_kernels.py``: deterministic, no atomics); the compositions here
+are the fallback on every other build, and on CUDA with RLX_MLX_CUDA_KERNELS=0. A scatter with
+no updates returns ``data`` without calling MLX's scatter (MLX 0.32.4's GPU scatter dies with
+SIGFPE in compiled mode on zero updates).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -23,6 +30,7 @@ import numpy as np
 from rlx_conformance.errors import SpecError
 
 from . import BACKEND
+from . import cuda_kernels as _cuda
 
 kernel = BACKEND.kernel
 
@@ -68,6 +76,10 @@ def _scatter(data: mx.array, coords: tuple[mx.array, ...], updates: mx.array, re
 @kernel("onnx.ScatterElements")
 def scatter_elements(data, indices, updates, *, axis, reduction):
     ax = axis % data.ndim
+    if updates.size == 0 or data.size == 0:
+        return mx.array(data)
+    if _cuda.active():
+        return _cuda.scatter_elements(data, indices, updates, ax, reduction)
     return _scatter(data, _axis_coords(indices, ax, data.shape[ax]), updates, reduction)
 
 
@@ -76,6 +88,8 @@ def gather_elements(data, indices, *, axis):
     ax = axis % data.ndim
     if indices.size == 0:
         return mx.zeros(indices.shape, data.dtype)
+    if _cuda.active():
+        return _cuda.gather_elements(data, indices, ax)
     # indices may be smaller than data off the axis: cut data to them, then take_along_axis.
     sub = data[tuple(slice(None) if d == ax else slice(0, n) for d, n in enumerate(indices.shape))]
     return mx.take_along_axis(sub, safe_index(indices, data.shape[ax]), axis=ax)
@@ -91,8 +105,10 @@ def gather_nd(data, indices, *, batch_dims):
     b = batch_dims
     k = indices.shape[-1]
     out_shape = tuple(indices.shape[:-1]) + tuple(data.shape[b + k:])
-    if indices.size == 0:
+    if indices.size == 0 or math.prod(out_shape) == 0:
         return mx.zeros(out_shape, data.dtype)
+    if _cuda.active():
+        return _cuda.gather_nd(data, indices, b)
     nb = int(np.prod(data.shape[:b], dtype=np.int64))
     d = data.reshape((nb,) + tuple(data.shape[b:]))
     idx = indices.reshape(nb, -1, k)
@@ -103,6 +119,10 @@ def gather_nd(data, indices, *, batch_dims):
 
 @kernel("onnx.ScatterND")
 def scatter_nd(data, indices, updates, *, reduction):
+    if updates.size == 0 or data.size == 0:
+        return mx.array(data)
+    if _cuda.active():
+        return _cuda.scatter_nd(data, indices, updates, reduction)
     k = indices.shape[-1]
     idx = indices.reshape(-1, k)
     upd = updates.reshape((idx.shape[0],) + tuple(data.shape[k:]))
@@ -135,6 +155,8 @@ def mat_vec(values, col_idx, row_ptr, x):
     n = row_ptr.shape[0] - 1
     if col_idx.shape[0] == 0:
         return mx.zeros((n,), values.dtype)
+    if _cuda.active() and n:
+        return _cuda.spmv(values, col_idx, row_ptr, x)
     rows, cols = _csr(values, col_idx, row_ptr, x.shape[0])
     return spmv(values, rows, cols, x, n)
 
@@ -143,6 +165,8 @@ def mat_vec(values, col_idx, row_ptr, x):
 def values_grad(col_idx, row_ptr, u, v):
     if col_idx.shape[0] == 0:
         return mx.zeros((0,), u.dtype)
+    if _cuda.active() and v.shape[0]:
+        return _cuda.values_grad(col_idx, row_ptr, u, v)
     rows, cols = _csr(None, col_idx, row_ptr, v.shape[0])
     return u[rows] * v[cols]
 
@@ -176,14 +200,21 @@ def lu_solve(values, col_idx, row_ptr, b):
 def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     concrete = True  # eager and lazy: stop once converged; under mx.compile: all max_iter steps
     n = b.shape[0]
-    rows, cols = _csr(values, col_idx, row_ptr, n)
+    if _cuda.active() and col_idx.shape[0]:
+        def product(p):
+            return _cuda.spmv(values, col_idx, row_ptr, p)
+    else:
+        rows, cols = _csr(values, col_idx, row_ptr, n)
+
+        def product(p):
+            return spmv(values, rows, cols, p, n)
     x = mx.zeros_like(b)
     r = b
     p = r
     rs = mx.sum(r * r)
     done = mx.sqrt(rs) < tol
     for it in range(max_iter):
-        ap = spmv(values, rows, cols, p, n)
+        ap = product(p)
         alpha = rs / mx.sum(p * ap)
         x_new = x + alpha * p
         r_new = r - alpha * ap

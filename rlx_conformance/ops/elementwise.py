@@ -45,10 +45,34 @@ ACTIVATIONS = {
     "log_sigmoid": ("softplus", "min(x, 0) - log1p(e^-|x|)", APPROX),
 }
 
+# -- error inputs (validate's error-input parity): inputs every backend must reject -----------------
+def _arr(shape, dtype: str) -> np.ndarray:
+    return np.ones(shape, dt.np_dtype(dtype))
+
+
+def _other(dtype: str, dtypes) -> str:
+    """A dtype of the same op different from ``dtype`` (mixed-dtype error inputs)."""
+    return next(d for d in ("float32", "float64", "int32", "int64", "bool") if d != dtype and d in dtypes)
+
+
+def _activation_errors():
+    return [("integer input", [np.arange(3, dtype=np.int32)], {})]
+
+
+def _broadcast_errors(dtypes, n: int = 2):
+    def errors():
+        d = dtypes[0]
+        out = [("shapes do not broadcast", [_arr(3, d), _arr(4, d)] + [_arr(3, d)] * (n - 2), {})]
+        if len(dtypes) > 1:
+            out.append(("mixed dtypes", [_arr(3, d), _arr(3, _other(d, dtypes))] + [_arr(3, d)] * (n - 2), {}))
+        return out
+    return errors
+
+
 for _name, (_domain, _doc, _policy) in ACTIVATIONS.items():
     declare(name=_name, family="activation", doc=_doc,
             inputs=(Input("x", domain=_domain),), dtypes=dt.FLOATS,
-            infer=infer.same, shapes="unary", policy=_policy)
+            infer=infer.same, shapes="unary", policy=_policy, error_inputs=_activation_errors)
 
 
 # -- binary ops ----------------------------------------------------------------------------------
@@ -92,6 +116,7 @@ for _name, (_dtypes, _da, _db, _doc, _policy, _undef) in BINARY.items():
     declare(name=_name, family="binary", doc=_doc,
             inputs=(Input("a", domain=_da), Input("b", domain=_db)), dtypes=_dtypes,
             infer=infer.elementwise, shapes="binary", policy=_policy,
+            error_inputs=_broadcast_errors(_dtypes),
             **({"undefined": _undef} if _undef else {}))
 
 # -- comparisons ---------------------------------------------------------------------------------
@@ -99,21 +124,24 @@ for _name, _doc in {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b
                     "gt": "a > b", "ge": "a >= b"}.items():
     declare(name=_name, family="compare", doc=_doc + " (IEEE: NaN compares unequal)",
             inputs=(Input("a", domain="compare"), Input("b", domain="compare")), dtypes=dt.ALL,
-            infer=infer.predicate, shapes="binary", policy=EXACT)
+            infer=infer.predicate, shapes="binary", policy=EXACT, error_inputs=_broadcast_errors(dt.ALL))
 
 # -- others --------------------------------------------------------------------------------------
 declare(name="where", family="select", doc="cond ? a : b, broadcasting",
         inputs=(Input("cond", dtypes=("bool",), role="condition"), Input("a"), Input("b")),
-        dtypes=dt.ALL, infer=infer.elementwise, shapes="ternary", policy=EXACT_SZ)
+        dtypes=dt.ALL, infer=infer.elementwise, shapes="ternary", policy=EXACT_SZ,
+        error_inputs=lambda: [("non-bool condition", [_arr(3, "float32"), _arr(3, "float32"), _arr(3, "float32")], {}),
+                              ("shapes do not broadcast", [_arr(3, "bool"), _arr(4, "float32"), _arr(3, "float32")], {})])
 
 declare(name="fma", family="select", doc="a*b + c with a single rounding",
         inputs=(Input("a"), Input("b"), Input("c")), dtypes=dt.FLOATS,
-        infer=infer.elementwise, shapes="ternary", policy=_IEEE)
+        infer=infer.elementwise, shapes="ternary", policy=_IEEE, error_inputs=_broadcast_errors(dt.FLOATS, 3))
 
 declare(name="clamp", family="select", doc="min(max(x, min), max), bounds converted to x's dtype",
         inputs=(Input("x", domain="clamp"),), dtypes=dt.NUMERIC,
         attrs=(Attr("min", "float", sweep=(-3.0, 0.0)), Attr("max", "float", sweep=(5.0, 6.0))),
-        infer=infer.clamp, shapes="unary", policy=EXACT)
+        infer=infer.clamp, shapes="unary", policy=EXACT,
+        error_inputs=lambda: [("min > max", [_arr(3, "float32")], {"min": 5.0, "max": 1.0})])
 
 
 def _cast_undefined(inputs, attrs):
@@ -132,4 +160,6 @@ declare(name="cast", family="cast", doc="convert to dtype `to`: float->int trunc
         "->float16/bfloat16 rounds to nearest even",
         inputs=(Input("x", domain="cast"),), dtypes=dt.ALL,
         attrs=(Attr("to", "dtype", sweep=dt.ALL),),
-        infer=infer.cast, shapes="unary", policy=EXACT_SZ, undefined=_cast_undefined)
+        infer=infer.cast, shapes="unary", policy=EXACT_SZ, undefined=_cast_undefined,
+        error_inputs=lambda: [("unknown dtype", [_arr(3, "float32")], {"to": "float8"}),
+                              ("complex dtype", [_arr(3, "float32")], {"to": "complex64"})])

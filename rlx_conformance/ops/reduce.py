@@ -122,6 +122,22 @@ def softmax_bound(inputs, attrs, out_dtype):
     return 2 * (n + 4) * u * np.abs(y) + dt.finfo(cdt).tiny
 
 
+def _axis_errors(dtypes, attr: str, empty_axis: bool = False):
+    """Error inputs (validate's error-input parity): an axis out of range, a repeated axis, a
+    scalar where an axis is needed, an empty axis for max/min (no identity)."""
+    def errors():
+        x = np.ones((2, 3), dt.np_dtype(dtypes[0]))
+        if attr == "axes":
+            out = [("axis out of range", [x], {"axes": (2,)}), ("repeated axis", [x], {"axes": (0, 0)})]
+        else:
+            out = [("axis out of range", [x], {"axis": 2}), ("axis below -rank", [x], {"axis": -3}),
+                   ("scalar input", [np.ones((), x.dtype)], {"axis": 0})]
+        if empty_axis:
+            out.append(("empty axis", [np.ones((0, 3), x.dtype)], {attr: (0,) if attr == "axes" else 0}))
+        return out
+    return errors
+
+
 _AXES = Attr("axes", "ints", default=(), sweep="axes", doc="axes to reduce; empty = all", empty="all")
 _KEEP = Attr("keep_dim", "bool", default=False, sweep=(False, True))
 _AXIS = Attr("axis", "int", default=-1, sweep="axis")
@@ -139,18 +155,20 @@ REDUCTIONS = {
 for _name, (_dtypes, _doc, _policy, _domain) in REDUCTIONS.items():
     declare(name=_name, family="reduce", doc=_doc, inputs=(Input("x", domain=_domain),),
             dtypes=_dtypes, attrs=(_AXES, _KEEP), infer=infer.reduce, shapes="reduce",
-            values=("random", "special", "spread"), policy=_policy)
+            values=("random", "special", "spread"), policy=_policy,
+            error_inputs=_axis_errors(_dtypes, "axes", empty_axis=_name in ("reduce_max", "reduce_min")))
 
 for _name, _doc in {"arg_max": "index of the max; ties and NaN: first wins",
                     "arg_min": "index of the min; ties and NaN: first wins"}.items():
     declare(name=_name, family="reduce", doc=_doc, inputs=(Input("x", domain="ties"),),
             dtypes=dt.NUMERIC, attrs=(_AXIS, _KEEP), infer=infer.arg_reduce, shapes="reduce",
-            policy=Policy(exact=True))
+            policy=Policy(exact=True), error_inputs=_axis_errors(dt.NUMERIC, "axis", empty_axis=True))
 
 declare(name="softmax", family="reduce", doc="exp(x - max) / sum exp(x - max) along axis",
         inputs=(Input("x", domain="real"),), dtypes=dt.FLOATS, attrs=(_AXIS,),
         infer=infer.along_axis, shapes="reduce", values=("random", "special", "spread"),
-        policy=Policy(bound=softmax_bound, bound_reason="2(n+4)u relative + smallest-normal floor"))
+        policy=Policy(bound=softmax_bound, bound_reason="2(n+4)u relative + smallest-normal floor"),
+        error_inputs=_axis_errors(dt.FLOATS, "axis"))
 
 _SCAN_ATTRS = (_AXIS, Attr("exclusive", "bool", default=False, sweep=(False, True)),
                Attr("reverse", "bool", default=False, sweep=(False, True)))
@@ -165,4 +183,5 @@ for _name, (_dtypes, _doc, _policy, _domain) in SCANS.items():
     declare(name=_name, family="scan", doc=_doc + " (exclusive: shifted by one, identity first; "
             "reverse: from the end)", inputs=(Input("x", domain=_domain),), dtypes=_dtypes,
             attrs=_SCAN_ATTRS, infer=infer.along_axis, shapes="reduce",
-            values=("random", "special", "spread"), policy=_policy)
+            values=("random", "special", "spread"), policy=_policy,
+            error_inputs=_axis_errors(_dtypes, "axis"))
