@@ -42,10 +42,11 @@ class Report:
 
 
 def results_path(path: str | Path) -> Path:
-    """A results.json given itself or the report directory that holds it."""
+    """A results.json (or results.json.gz, as the committed baseline is kept) given itself or the
+    report directory that holds it."""
     p = Path(path)
     if p.is_dir():
-        p = p / "results.json"
+        p = p / "results.json" if (p / "results.json").is_file() else p / "results.json.gz"
     if not p.is_file():
         raise RlxError(f"no results file at {p}")
     return p

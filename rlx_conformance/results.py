@@ -145,6 +145,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is for everyone to read
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -152,6 +153,12 @@ def atomic_write_text(path: Path, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_results(path: Path, run: dict[str, Any], results: list[CaseResult]) -> None:
@@ -182,7 +189,10 @@ class Journal:
 
 
 def load_results(path: Path) -> dict[str, Any]:
-    with open(path) as f:
+    """A results.json, or a gzipped one (``.gz``)."""
+    import gzip
+
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         doc = json.load(f)
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a results file of schema {SCHEMA}")

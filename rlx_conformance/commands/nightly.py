@@ -1,11 +1,13 @@
 """``rlx-conformance nightly``: the whole matrix on every backend under test, every device this
 machine has and every mode, into a dated report dir (results.json, junit.xml, stats.json,
-diff.json, report.html), diffed against the committed baseline and the tolerance lock. Exit 1 on
+diff.json, report.html, repro/ bundles of the failing cases, exhaustive.json of the float16 /
+bfloat16 sweep), diffed against the committed baseline and the tolerance lock. Exit 1 on
 a regression (diff.py says what counts), not on known or baseline failures: the nightly gates on
 what got worse."""
 from __future__ import annotations
 
 import datetime as _dt
+import fnmatch
 import json
 import sys
 from collections import Counter
@@ -78,7 +80,7 @@ def cmd_nightly(args) -> int:
             bar(r, counts)
         try:
             run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
-                          **_tf32_run(args, cases))
+                          bundles=True, **_tf32_run(args, cases))
         except KeyboardInterrupt:
             print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
             return 130
@@ -88,17 +90,37 @@ def cmd_nightly(args) -> int:
     junit.write(report / "junit.xml", new.cases)
     write_stats(report / "stats.json", new.cases)
     base = None
-    if (baseline / "results.json").is_file() or baseline.is_file():
+    try:
         base = records.load(baseline)
-    else:
-        print(f"nightly: no baseline at {baseline}: every bad case counts as new", file=sys.stderr)
+    except RlxError as e:
+        print(f"nightly: no usable baseline ({e}): every bad case counts as new", file=sys.stderr)
     d = compare(base, new, tholds)
     d.lock = check_lock(args, new)
     write_json(d, report / "diff.json")
     report_html.write(new, report / "report.html", diff=d, lock=d.lock)
     print_diff(d, args.show)
+    exhaustive_failed = _exhaustive(args, report) if not args.no_exhaustive else False
     print(f"report: {report / 'report.html'}")
-    return 1 if d.regression else 0
+    return 1 if d.regression or exhaustive_failed else 0
+
+
+def _exhaustive(args, report: Path) -> bool:
+    """The exhaustive float16/bfloat16 sweep of the unary ops on the same targets, into
+    report/exhaustive.json; True when a row failed (over budget outside a known divergence,
+    crash, timeout). Skipped when --ops selects no unary float op or --dtypes neither 16-bit
+    float."""
+    from ..cli import _split
+    from ..exhaustive import run_exhaustive, unary_ops
+    from .exhaustive import print_table
+
+    ops = _split(args.ops)
+    globs = _split(args.dtypes)
+    dtypes = [d for d in ("float16", "bfloat16") if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]
+    if not dtypes or not unary_ops(ops):
+        return False
+    doc = run_exhaustive(_targets(args), ops=ops, dtypes=dtypes, report_dir=report, workers=args.workers)
+    print_table(doc, args.show)
+    return bool(doc["failed"])
 
 
 def register(sub) -> None:
@@ -120,5 +142,7 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run (default 60)")
     p.add_argument("--show", type=int, default=25, help="rows per list in the terminal (default 25)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-exhaustive", action="store_true",
+                   help="skip the exhaustive float16/bfloat16 sweep of the unary ops")
     add_diff_options(p)
     p.set_defaults(fn=cmd_nightly)
