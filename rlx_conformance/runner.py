@@ -34,7 +34,7 @@ DEFAULT_TIMEOUT = 60.0  # generous: MLX's CPU compile mode JIT-compiles C++ on f
 def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
     """A failure inside a known divergence's scope reports xfail; a pass inside it stays a pass
     but carries the entry, so that :func:`finalize` can tell when an entry has gone stale."""
-    d = known_divergence(case)
+    d = known_divergence(case, r.outcome)
     if d is None or r.outcome == "skip" or r.oracle_verdict == "reference-bug":
         return r  # a reference bug (accuracy.py) is the harness's, never a backend's known divergence
     r.divergence = {"entry": d.index, "category": d.category, "reason": d.reason, "link": d.link}

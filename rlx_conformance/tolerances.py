@@ -123,8 +123,16 @@ def _fully_covered(indices: list[int], results) -> list[int]:
     return out
 
 
-def known_divergence(case) -> Divergence | None:
+# A precision entry explains wrong values, not a dead or failing process: a crash, timeout,
+# error or contract breach under it must find a backend-bug / unimplemented entry or stay bad.
+_EXCUSES_ONLY_VALUES = ("precision",)
+
+
+def known_divergence(case, outcome: str | None = None) -> Divergence | None:
+    """The first entry that scopes ``case`` (and, given the case's ``outcome``, whose category
+    can explain it: a precision entry cannot excuse a crash)."""
     for d in divergences():
-        if d.matches(case):
+        if d.matches(case) and not (outcome not in (None, "fail", "pass")
+                                    and d.category in _EXCUSES_ONLY_VALUES):
             return d
     return None

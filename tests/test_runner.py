@@ -125,7 +125,7 @@ def test_apply_divergence(monkeypatch, outcome, expected):
     """Failures in a divergence's scope become xfail; passes stay passes but carry the entry."""
     case = neg_cases()[0]
     d = Divergence(index=7, op="neg", category="backend-bug", reason="test reason")
-    monkeypatch.setattr(runner, "known_divergence", lambda c: d if c is case else None)
+    monkeypatch.setattr(runner, "known_divergence", lambda c, *_: d if c is case else None)
     r = runner.apply_divergence(case, CaseResult.for_case(case, outcome, message="m"))
     assert r.outcome == expected
     if expected == "skip":
@@ -147,8 +147,8 @@ def test_finalize_strict_divergences(monkeypatch):
     unused = Divergence(index=3, op="neg", dtype="int8", category="precision", reason="unused")
     monkeypatch.setattr(tolerances, "divergences", lambda: (live, stale, unused))
     scope = {cases[0].id: live, cases[1].id: live, cases[2].id: stale, cases[3].id: stale}
-    monkeypatch.setattr(runner, "known_divergence", lambda c: scope.get(c.id))
-    monkeypatch.setattr(tolerances, "known_divergence", lambda c: scope.get(c.id))
+    monkeypatch.setattr(runner, "known_divergence", lambda c, *_: scope.get(c.id))
+    monkeypatch.setattr(tolerances, "known_divergence", lambda c, *_: scope.get(c.id))
     outcomes = ["fail", "pass", "pass", "pass"]
     results = [runner.apply_divergence(c, CaseResult.for_case(c, o, message="m"))
                for c, o in zip(cases, outcomes)]
@@ -167,8 +167,8 @@ def test_partly_run_entry_is_not_stale(monkeypatch):
     entry = Divergence(index=1, op="neg", category="precision", reason="scoped to three cases")
     monkeypatch.setattr(tolerances, "divergences", lambda: (entry,))
     scope = {c.id: entry for c in cases}
-    monkeypatch.setattr(runner, "known_divergence", lambda c: scope.get(c.id))
-    monkeypatch.setattr(tolerances, "known_divergence", lambda c: scope.get(c.id))
+    monkeypatch.setattr(runner, "known_divergence", lambda c, *_: scope.get(c.id))
+    monkeypatch.setattr(tolerances, "known_divergence", lambda c, *_: scope.get(c.id))
     partial = [runner.apply_divergence(c, CaseResult.for_case(c, "pass", message="")) for c in cases[:2]]
     runner.finalize(partial)
     assert [r.outcome for r in partial] == ["pass", "pass"]
@@ -184,7 +184,7 @@ def test_nonstrict_divergence_never_goes_xpass(monkeypatch):
     case = neg_cases()[0]
     flaky = Divergence(index=1, op="neg", category="backend-bug", reason="hangs sometimes", strict=False)
     monkeypatch.setattr(tolerances, "divergences", lambda: (flaky,))
-    monkeypatch.setattr(runner, "known_divergence", lambda c: flaky)
+    monkeypatch.setattr(runner, "known_divergence", lambda c, *_: flaky)
     results = [runner.apply_divergence(case, CaseResult.for_case(case, "pass", message=""))]
     assert runner.finalize(results) == [] and results[0].outcome == "pass"
 
@@ -198,7 +198,7 @@ def test_isolated_divergence_cannot_poison_later_cases(monkeypatch, isolate):
     entry = Divergence(index=1, op="neg", category="backend-bug", reason="poisons", strict=False,
                        isolate=isolate)
     monkeypatch.setattr(runner, "known_divergence",
-                        lambda c: entry if c.size() == kt.POISON_SIZE else None)
+                        lambda c, *_: entry if c.size() == kt.POISON_SIZE else None)
     r = runner.Runner(workers=1, timeout=TIMEOUT, task_size=len(cases),
                       init="kernels_for_tests:install_poisoning_neg")
     results = list(r.run(cases))
@@ -208,3 +208,22 @@ def test_isolated_divergence_cannot_poison_later_cases(monkeypatch, isolate):
         assert all(x.outcome == "pass" for x in results), [(x.id, x.outcome) for x in results]
     else:
         assert later_crashed, "the control run should show a later case crashing"
+
+
+def test_precision_entry_cannot_excuse_a_crash(monkeypatch):
+    """A precision entry explains wrong values: a crash in its scope looks further (a backend-bug
+    entry) or stays a crash — never an xfail that blames rounding for a dead process."""
+    from rlx_conformance import tolerances
+
+    case = neg_cases()[0]
+    prec = Divergence(index=1, op="neg", category="precision", reason="a few ulp")
+    bug = Divergence(index=2, op="neg", category="backend-bug", reason="dies on this input")
+    monkeypatch.setattr(runner, "known_divergence", tolerances.known_divergence)
+    monkeypatch.setattr(tolerances, "divergences", lambda: (prec,))
+    crash = runner.apply_divergence(case, CaseResult.for_case(case, "crash", message="SIGSEGV"))
+    assert crash.outcome == "crash" and crash.divergence is None
+    fail = runner.apply_divergence(case, CaseResult.for_case(case, "fail", message="3 ulp"))
+    assert fail.outcome == "xfail" and fail.divergence["entry"] == 1
+    monkeypatch.setattr(tolerances, "divergences", lambda: (prec, bug))
+    crash = runner.apply_divergence(case, CaseResult.for_case(case, "crash", message="SIGSEGV"))
+    assert crash.outcome == "xfail" and crash.divergence["entry"] == 2
