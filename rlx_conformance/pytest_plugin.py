@@ -28,7 +28,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--rlx-mode", help="eager, lazy, compiled or all")
     g.addoption("--rlx-ops", help="comma-separated op globs")
     g.addoption("--rlx-dtypes", help="comma-separated dtype globs")
-    g.addoption("--rlx-report", help="also write results.json into this directory")
+    g.addoption("--rlx-report", help="also write results.json, and a repro bundle per failing case, into this directory")
     g.addoption("--rlx-workers", type=int, help="runner worker processes (default: one per core)")
     g.addoption("--rlx-timeout", type=float, default=30.0, help="seconds per case before timeout")
 
@@ -109,7 +109,14 @@ class _Feed:
         inproc = bool(os.environ.get("PYTEST_XDIST_WORKER"))
         from .runner import Runner
 
-        self.runner = Runner(workers=0 if inproc else opt("--rlx-workers"), timeout=opt("--rlx-timeout"))
+        report = opt("--rlx-report")
+        sink = None
+        if report:  # with a report dir, failing cases leave repro bundles in it, as for `run`
+            from .bundle import BundleSink
+
+            sink = BundleSink(Path(report), timeout=opt("--rlx-timeout"))
+        self.runner = Runner(workers=0 if inproc else opt("--rlx-workers"), timeout=opt("--rlx-timeout"),
+                             bundles=sink)
         self._pending = {i.case.id for i in items}
         self._gen = None if inproc else self.runner.run([i.case for i in items])
 
