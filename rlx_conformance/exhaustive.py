@@ -25,7 +25,6 @@ import datetime as _dt
 import fnmatch
 import itertools
 import json
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -239,19 +238,10 @@ class _Pool:
         self.n, self.timeout, self.init = workers, timeout, init
 
     def _spawn(self):
-        parent, child = self.ctx.Pipe()
-        p = self.ctx.Process(target=_worker_main, args=(child, self.init), daemon=True)
-        p.start()
-        child.close()
-        try:
-            ok = parent.poll(120) and parent.recv()[0] == "ready"
-        except (EOFError, OSError):
-            ok = False
-        if not ok:
-            p.kill()
-            p.join()
-            raise RlxError(f"an exhaustive worker failed to start (exit {p.exitcode})")
-        return {"proc": p, "conn": parent, "job": None, "deadline": float("inf"), "cur": None}
+        from .runner import start_worker
+
+        p, conn = start_worker(self.ctx, _worker_main, (self.init,), "(an exhaustive sweep's worker)")
+        return {"proc": p, "conn": conn, "job": None, "deadline": float("inf"), "cur": None}
 
     def run(self, jobs: list[dict[str, Any]], emit: Callable[[dict, int, dict], None]) -> None:
         queue = deque(jobs)

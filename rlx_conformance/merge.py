@@ -9,7 +9,6 @@ merging the shards of a run gives the cases and summary of running it whole.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,19 +52,11 @@ class Merged:
 
 
 def load_shard(path: str | Path) -> Shard:
-    """A report given as its directory or its results.json."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.json"
-    if not p.is_file():
-        raise RlxError(f"no results file at {p}")
-    try:
-        doc = res.load_results(p)
-    except json.JSONDecodeError as e:
-        raise RlxError(f"{p}: not valid JSON ({e})") from None
-    except ValueError as e:
-        raise RlxError(str(e)) from None
-    return Shard(p, doc.get("run") or {}, doc.get("cases") or [])
+    """A report given as its directory or its results.json (records.load: one reader for all)."""
+    from . import records
+
+    rep = records.load(path)
+    return Shard(rep.path, rep.run, rep.cases)
 
 
 def check_shards(shards: Sequence[Shard]) -> list[str]:

@@ -130,6 +130,26 @@ def _context() -> mp.context.BaseContext:
     return ctx
 
 
+def start_worker(ctx: mp.context.BaseContext, target: Callable[..., None], args: tuple,
+                 hint: str) -> tuple[mp.process.BaseProcess, Connection]:
+    """Start a worker process ``target(conn, *args)`` and wait for its "ready". A worker that
+    cannot even start (import error, bad environment) would otherwise be replaced forever, one
+    "crash" per case: the run fails once, with the reason."""
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=target, args=(child, *args), daemon=True)
+    p.start()
+    child.close()
+    try:
+        ok = parent.poll(120) and parent.recv()[0] == "ready"
+    except (EOFError, OSError):
+        ok = False
+    if not ok:
+        p.kill()
+        p.join()
+        raise RlxError(f"a worker process failed to start ({_signal_name(p.exitcode)}); {hint}")
+    return p, parent
+
+
 def _signal_name(code: int | None) -> str:
     if code is None:
         return "unknown"
@@ -182,22 +202,9 @@ class Runner:
         return tasks
 
     def _spawn(self) -> _Worker:
-        parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_worker_main, args=(child, self.env, self.init, self.bundles), daemon=True)
-        p.start()
-        child.close()
-        # A worker that cannot even start (import error, bad environment) would otherwise be
-        # replaced forever, one "crash" per case: fail the run once, with the reason.
-        try:
-            ok = parent.poll(120) and parent.recv()[0] == "ready"
-        except (EOFError, OSError):
-            ok = False
-        if not ok:
-            p.kill()
-            p.join()
-            raise RlxError(f"a worker process failed to start ({_signal_name(p.exitcode)}); "
-                           "run with --workers 0 to see the error")
-        return _Worker(p, parent)
+        p, conn = start_worker(self._ctx, _worker_main, (self.env, self.init, self.bundles),
+                               "run with --workers 0 to see the error")
+        return _Worker(p, conn)
 
     def run(self, cases: Iterable[Case]) -> Iterator[CaseResult]:
         cases = list(cases)
