@@ -5,6 +5,8 @@ the kernels other tests see.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -204,3 +206,82 @@ def test_mlx_kernel_contract(mode):
     b.register("neg", lambda x: 3.0, replace=True)
     with pytest.raises(KernelContractError, match=r"^mlx kernel for 'neg': output 0 is a float"):
         b.run("neg", [np.zeros(3, np.float32)], None, "cpu", mode)
+
+
+# -- error inputs (validate's error-input parity) ---------------------------------------------------
+# Errors that only a factorization reveals (a singular or indefinite matrix): the harness does not
+# pre-validate these, and validate expects the kernel itself to reject them (the CPU reference does).
+FACTORIZATION_ERRORS = {
+    ("dense_solve", "singular A"), ("cholesky", "not positive definite"),
+    ("cholesky", "negative diagonal"), ("triangular_solve", "zero on the diagonal"),
+    ("rlx_sparse.lu_solve", "singular: two equal rows"),
+}
+
+
+def _all_op_names():
+    from rlx_conformance.registry import all_ops
+
+    return [s.name for s in all_ops()]
+
+
+def test_every_op_declares_error_inputs():
+    from rlx_conformance.registry import all_ops
+
+    missing = [s.name for s in all_ops() if s.error_inputs is None or not s.error_inputs()]
+    assert not missing, f"ops without error inputs: {missing}"
+
+
+@pytest.mark.parametrize("op", _all_op_names())
+def test_error_inputs_are_rejected_by_the_harness_prevalidation(op):
+    """Each declared error input is rejected by the call validate uses for "harness rejects"
+    (backends.base.prevalidate), with a SpecError naming the op; the few errors only a
+    factorization finds pass it, and the CPU reference rejects them instead."""
+    from backends.base import prevalidate
+
+    spec = get_op(op)
+    descs = [d for d, _, _ in spec.error_inputs()]
+    assert len(descs) == len(set(descs)), f"{op}: repeated error-input descriptions"
+    for desc, inputs, attrs in spec.error_inputs():
+        assert all(isinstance(x, np.ndarray) for x in inputs), (op, desc)
+        if (op, desc) in FACTORIZATION_ERRORS:
+            prevalidate(spec, inputs, attrs)
+            with pytest.raises(ValueError):
+                backends.get_backend("cpu").run(op, inputs, attrs)
+            continue
+        with pytest.raises(SpecError, match=rf"^{re.escape(op)}: ") as e:
+            prevalidate(spec, inputs, attrs)
+        assert "\n" not in str(e.value), (op, desc)
+
+
+def test_error_inputs_fail_for_the_reason_they_name():
+    """Spot checks that an error input is rejected for its own reason, not an incidental one
+    (a missing attribute, a dtype slip in the test data)."""
+    from backends.base import prevalidate
+
+    expect = {
+        ("reshape", "two -1s"): "at most one -1",
+        ("transpose", "repeated axis in perm"): "not a permutation",
+        ("narrow", "negative len"): "len -1 is negative",
+        ("slice", "zero step"): "step must be nonzero",
+        ("concat", "mixed dtypes"): "dtype float64, expected float32",
+        ("expand", "not broadcastable"): "do not broadcast",
+        ("tile", "negative reps"): "count >= 0",
+        ("pad", "unknown mode"): "mode='symmetric'",
+        ("one_hot", "depth 0"): "depth 0 must be >= 1",
+        ("fft", "transform length 0"): "transform length must be >= 1",
+        ("rng_uniform", "negative shape"): "negative size",
+        ("rng_uniform", "low >= high"): "needs low < high",
+        ("rng_normal", "int32 key"): "key has dtype int32",
+        ("quantize", "zero_point dtype is not `to`"): "zero_point is uint8, output dtype to=int8",
+        ("dequantize", "per-axis axis out of range"): "axis -3 out of range",
+        ("fake_quantize", "bits above 16"): "bits=17 outside",
+        ("softmax_cross_entropy", "targets shape differs"): "differ in shape",
+        ("sort", "axis below -rank"): "axis -3 out of range",
+        ("arg_sort", "scalar input"): "rank >= 1",
+        ("top_k", "k past the last axis"): "k=4 outside",
+    }
+    for (op, desc), fragment in expect.items():
+        spec = get_op(op)
+        (inputs, attrs), = [(i, a) for d, i, a in spec.error_inputs() if d == desc]
+        with pytest.raises(SpecError, match=re.escape(fragment)):
+            prevalidate(spec, inputs, attrs)

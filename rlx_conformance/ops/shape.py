@@ -41,6 +41,13 @@ def _rank_at_least(op: str, shape: Shape, r: int) -> None:
         raise SpecError(f"{op}: needs rank >= {r}, got shape {shape}")
 
 
+# Error inputs (validate's error-input parity; OPS.md "Error inputs": bad shapes/ranks,
+# out-of-range axes and indices, wrong index dtypes, unknown attribute values): each a
+# (description, inputs, attrs) that every backend must reject.
+def _x(*shape: int, dtype: str = "float32") -> np.ndarray:
+    return np.arange(math.prod(shape), dtype=dt.np_dtype(dtype)).reshape(shape)
+
+
 # -- reshape -------------------------------------------------------------------------------------
 def infer_reshape(spec, shapes, dtypes, attrs):
     """numpy rules: one -1 inferred from the element count; 0 is a literal zero-size dim."""
@@ -60,6 +67,10 @@ def infer_reshape(spec, shapes, dtypes, attrs):
 declare(name="reshape", doc="same elements in row-major order, new shape (one -1 inferred)",
         inputs=(Input("x"),), infer=infer_reshape, shapes="reshape",
         attrs=(Attr("new_shape", "ints", sweep=((-1,), (4, -1), (3, 1, 8), ())),),
+        error_inputs=lambda: [("element count differs", [_x(2, 3)], {"new_shape": (4, 2)}),
+                              ("two -1s", [_x(2, 3)], {"new_shape": (-1, -1)}),
+                              ("-1 cannot be inferred", [_x(2, 3)], {"new_shape": (4, -1)}),
+                              ("size below -1", [_x(2, 3)], {"new_shape": (-2, -3)})],
         **LAYOUT)
 
 
@@ -74,6 +85,10 @@ def infer_transpose(spec, shapes, dtypes, attrs):
 declare(name="transpose", doc="out.shape[i] = x.shape[perm[i]]",
         inputs=(Input("x"),), infer=infer_transpose, shapes="transpose",
         attrs=(Attr("perm", "ints", sweep=((), (1, 0), (0, 2, 1), (2, 0, 1), (3, 1, 0, 2))),),
+        error_inputs=lambda: [("repeated axis in perm", [_x(2, 3)], {"perm": (0, 0)}),
+                              ("perm shorter than the rank", [_x(2, 3, 4)], {"perm": (1, 0)}),
+                              ("perm entry out of range", [_x(2, 3)], {"perm": (0, 2)}),
+                              ("negative perm entry", [_x(2, 3)], {"perm": (-1, 0)})],
         **LAYOUT)
 
 
@@ -86,7 +101,9 @@ def infer_narrow(spec, shapes, dtypes, attrs):
     d, start, n = shape[a], attrs["start"], attrs["len"]
     if not -d <= start <= d:
         raise SpecError(f"{spec.name}: start {start} out of range for axis {a} of size {d}")
-    if n < 0 or (start + d if start < 0 else start) + n > d:
+    if n < 0:
+        raise SpecError(f"{spec.name}: len {n} is negative")
+    if (start + d if start < 0 else start) + n > d:
         raise SpecError(f"{spec.name}: start {start} + len {n} exceeds axis {a} of size {d}")
     return [(shape[:a] + (n,) + shape[a + 1:], dtypes[0])]
 
@@ -95,6 +112,11 @@ declare(name="narrow", doc="the len elements from start along axis (start < 0 co
         inputs=(Input("x"),), infer=infer_narrow, shapes="narrow",
         attrs=(Attr("axis", "int", sweep=(0, -1)), Attr("start", "int", sweep=(1, -3)),
                Attr("len", "int", sweep=(0, 2))),
+        error_inputs=lambda: [("start past the end", [_x(4, 3)], {"axis": 0, "start": 5, "len": 0}),
+                              ("start + len past the end", [_x(4, 3)], {"axis": 0, "start": 2, "len": 3}),
+                              ("negative len", [_x(4, 3)], {"axis": 1, "start": 0, "len": -1}),
+                              ("axis out of range", [_x(4, 3)], {"axis": 2, "start": 0, "len": 1}),
+                              ("scalar input", [_x()], {"axis": 0, "start": 0, "len": 0})],
         **LAYOUT)
 
 
@@ -128,6 +150,12 @@ declare(name="slice", doc="out[i] = x[start + i*step] along axis for i < len (ne
         inputs=(Input("x"),), infer=infer_slice, shapes="slice",
         attrs=(Attr("axis", "int", sweep=(0, -1)), Attr("start", "int", sweep=(0, -1)),
                Attr("len", "int", sweep=(3,)), Attr("step", "int", sweep=(1, 2, -1, -3))),
+        error_inputs=lambda: [
+            ("reads past the end", [_x(4, 3)], {"axis": 0, "start": 1, "len": 3, "step": 2}),
+            ("negative step walks before 0", [_x(4, 3)], {"axis": 0, "start": 1, "len": 3, "step": -1}),
+            ("zero step", [_x(4, 3)], {"axis": 0, "start": 0, "len": 2, "step": 0}),
+            ("start before -size", [_x(4, 3)], {"axis": 1, "start": -4, "len": 1, "step": 1}),
+            ("axis out of range", [_x(4, 3)], {"axis": -3, "start": 0, "len": 1, "step": 1})],
         **LAYOUT)
 
 
@@ -145,7 +173,13 @@ def infer_concat(spec, shapes, dtypes, attrs):
 
 declare(name="concat", doc="join the inputs along axis (one or more inputs)",
         inputs=(Input("xs", variadic=True),), infer=infer_concat, shapes="concat",
-        attrs=(Attr("axis", "int", sweep=(0, -1)),), **LAYOUT)
+        attrs=(Attr("axis", "int", sweep=(0, -1)),),
+        error_inputs=lambda: [("rank mismatch", [_x(2, 3), _x(2, 3, 1)], {"axis": 0}),
+                              ("sizes differ off the axis", [_x(2, 3), _x(2, 4)], {"axis": 0}),
+                              ("mixed dtypes", [_x(2, 3), _x(2, 3, dtype="float64")], {"axis": 0}),
+                              ("axis out of range", [_x(2, 3), _x(2, 3)], {"axis": 2}),
+                              ("scalar inputs", [_x(), _x()], {"axis": 0})],
+        **LAYOUT)
 
 
 def infer_expand(spec, shapes, dtypes, attrs):
@@ -160,6 +194,10 @@ declare(name="expand", doc="broadcast x to target_shape (numpy broadcast_to)",
         inputs=(Input("x"),), infer=infer_expand, shapes="expand",
         attrs=(Attr("target_shape", "ints",
                     sweep=((4, 3, 5), (2, 1, 3, 5), (5, 0), (2, 3))),),
+        error_inputs=lambda: [("not broadcastable", [_x(2, 3)], {"target_shape": (2, 4)}),
+                              ("target of lower rank", [_x(2, 3)], {"target_shape": (3,)}),
+                              ("negative target size", [_x(1, 3)], {"target_shape": (-1, 3)}),
+                              ("shrinks a dim to 0", [_x(2, 3)], {"target_shape": (0, 3)})],
         **LAYOUT)
 
 
@@ -171,7 +209,11 @@ def infer_reverse(spec, shapes, dtypes, attrs):
 
 declare(name="reverse", doc="flip the listed axes (empty list: no axis, the identity)",
         inputs=(Input("x"),), infer=infer_reverse, shapes="reverse",
-        attrs=(Attr("axes", "ints", sweep=((0,), (-1,), (0, 2), (2, 0, 1))),), **LAYOUT)
+        attrs=(Attr("axes", "ints", sweep=((0,), (-1,), (0, 2), (2, 0, 1))),),
+        error_inputs=lambda: [("axis out of range", [_x(2, 3)], {"axes": (2,)}),
+                              ("axis below -rank", [_x(2, 3)], {"axes": (-3,)}),
+                              ("repeated axis", [_x(2, 3)], {"axes": (0, -2)})],
+        **LAYOUT)
 
 
 def infer_tile(spec, shapes, dtypes, attrs):
@@ -183,7 +225,11 @@ def infer_tile(spec, shapes, dtypes, attrs):
 
 declare(name="tile", doc="repeat the whole array reps[i] times along axis i (ONNX Tile)",
         inputs=(Input("x"),), infer=infer_tile, shapes="tile",
-        attrs=(Attr("reps", "ints", sweep=((3,), (2, 3), (1, 0), (2, 1, 3), ())),), **LAYOUT)
+        attrs=(Attr("reps", "ints", sweep=((3,), (2, 3), (1, 0), (2, 1, 3), ())),),
+        error_inputs=lambda: [("negative reps", [_x(2, 3)], {"reps": (2, -1)}),
+                              ("fewer reps than axes", [_x(2, 3)], {"reps": (2,)}),
+                              ("more reps than axes", [_x(2, 3)], {"reps": (1, 2, 3)})],
+        **LAYOUT)
 
 
 def infer_trilu(spec, shapes, dtypes, attrs):
@@ -195,7 +241,12 @@ declare(name="trilu", doc="ONNX Trilu over the last two axes: keep j - i >= diag
         "j - i <= diagonal (lower), zero elsewhere",
         inputs=(Input("x"),), infer=infer_trilu, shapes="trilu",
         attrs=(Attr("upper", "bool", sweep=(False, True)),
-               Attr("diagonal", "int", default=0, sweep=(2, -1))), **LAYOUT)
+               Attr("diagonal", "int", default=0, sweep=(2, -1))),
+        error_inputs=lambda: [("rank 1", [_x(3)], {"upper": True}),
+                              ("scalar input", [_x()], {"upper": False}),
+                              ("non-bool upper", [_x(3, 3)], {"upper": 1}),
+                              ("missing upper", [_x(3, 3)], {})],
+        **LAYOUT)
 
 
 # -- pad -----------------------------------------------------------------------------------------
@@ -239,6 +290,12 @@ declare(name="pad", doc="pad each axis: constant(value) | reflect (mirror, edge 
         attrs=(Attr("pads", "ints", sweep=((2, 3), (1, 0, 0, 2), (0, 2, 1, 1, 0, 2))),
                Attr("mode", "enum", default="constant", choices=PAD_MODES, sweep=PAD_MODES),
                Attr("value", "float", default=0.0, sweep=(0.0, -2.0, math.nan))),
+        error_inputs=lambda: [
+            ("negative pad", [_x(3, 4)], {"pads": (1, -1, 0, 0)}),
+            ("pads not 2*rank values", [_x(3, 4)], {"pads": (1, 1)}),
+            ("unknown mode", [_x(3, 4)], {"pads": (1, 1, 1, 1), "mode": "symmetric"}),
+            ("reflect pad >= axis size", [_x(3, 4)], {"pads": (3, 0, 0, 0), "mode": "reflect"}),
+            ("value not exact in int8", [_x(3, dtype="int8")], {"pads": (1, 1), "value": 300.0})],
         **LAYOUT)
 
 
@@ -378,7 +435,13 @@ declare(name="one_hot", family="shape", doc="out[..., j at axis, ...] = values[1
         inputs=(Input("indices", dtypes=INDEX_DTYPES, role="index"), Input("values")),
         dtypes=dt.ALL, infer=infer_one_hot, shapes="one_hot",
         attrs=(Attr("depth", "int", sweep=(5,)), Attr("axis", "int", default=-1, sweep="axis")),
-        generate=gen_one_hot, low_precision="native", policy=EXACT, values=("special",))
+        generate=gen_one_hot, low_precision="native", policy=EXACT, values=("special",),
+        # an index outside [-depth, depth-1] is not an error here (all values[0], as ONNX says)
+        error_inputs=lambda: [("depth 0", [np.array([0, 1], np.int64), _x(2)], {"depth": 0}),
+                              ("negative depth", [np.array([0, 1], np.int64), _x(2)], {"depth": -3}),
+                              ("float indices", [_x(2), _x(2)], {"depth": 3}),
+                              ("values not [off, on]", [np.array([0, 1], np.int64), _x(3)], {"depth": 3}),
+                              ("axis out of range", [np.array([0, 1], np.int64), _x(2)], {"depth": 3, "axis": 2})])
 
 
 # -- non_zero ------------------------------------------------------------------------------------
@@ -390,5 +453,8 @@ def infer_non_zero(spec, shapes, dtypes, attrs):
 declare(name="non_zero", family="shape", doc="int64 [rank, count]: the coordinates of the nonzero "
         "elements (NaN is nonzero, -0 is zero) in row-major order",
         inputs=(Input("x", domain="mostly_zero"),), dtypes=dt.ALL, infer=infer_non_zero,
-        shapes="non_zero", low_precision="native", policy=EXACT, values=("random", "special"))
+        shapes="non_zero", low_precision="native", policy=EXACT, values=("random", "special"),
+        error_inputs=lambda: [("complex input (not a harness dtype)", [np.ones(3, np.complex64)], {}),
+                              ("two inputs", [_x(3), _x(3)], {}),
+                              ("unknown attribute", [_x(3)], {"axis": 0})])
 

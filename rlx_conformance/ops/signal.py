@@ -28,6 +28,12 @@ def _u(dtype: str) -> float:
     return dt.finfo(dt.compute_dtype(dtype)).unit_roundoff
 
 
+# Error inputs (validate's error-input parity; OPS.md "Error inputs"): (description, inputs,
+# attrs) that every backend must reject.
+def _f32(*shape: int) -> np.ndarray:
+    return np.ones(shape, np.float32)
+
+
 # -- fft -----------------------------------------------------------------------------------------
 def infer_fft(spec, shapes, dtypes, attrs):
     (shape,) = shapes
@@ -82,6 +88,11 @@ declare(name="fft", family="signal", doc="1-D DFT along the axis before the trai
                Attr("norm", "enum", default="backward", choices=("backward", "ortho", "forward"),
                     sweep=("backward", "ortho", "forward"))),
         values=("random", "spread"),
+        error_inputs=lambda: [("no trailing (real, imag) axis", [_f32(4, 3)], {}),
+                              ("rank 1", [_f32(2)], {}),
+                              ("transform length 0", [_f32(0, 2)], {}),
+                              ("integer input", [np.ones((4, 2), np.int32)], {}),
+                              ("unknown norm", [_f32(4, 2)], {"norm": "unitary"})],
         policy=Policy(bound=fft_bound, bound_reason="Higham Thm 24.2: 2 (L eta/(1 - L eta) + u) "
                       "||y||_2 per element, eta = 7u, L = FFT depth"))
 
@@ -92,7 +103,9 @@ def infer_rng(spec, shapes, dtypes, attrs):
     shape = tuple(attrs["shape"])
     if tuple(key) != (2,):
         raise SpecError(f"{spec.name}: key must be uint32 of shape (2,), got {key}")
-    if any(d < 0 for d in shape) or infer.broadcast(spec.name, [a, b, shape]) != shape:
+    if any(d < 0 for d in shape):
+        raise SpecError(f"{spec.name}: shape {shape} has a negative size")
+    if infer.broadcast(spec.name, [a, b, shape]) != shape:
         raise SpecError(f"{spec.name}: parameters {a} and {b} do not broadcast to shape {shape}")
     return [(shape, dtypes[0])]
 
@@ -101,17 +114,44 @@ _SHAPE = Attr("shape", "ints", sweep=((100003,), (257, 389), (5,)), doc="output 
 _RNG = dict(family="random", dtypes=FLOATS, infer=infer_rng, shapes="rng", values=("random",))
 _KEY = Input("key", dtypes=("uint32",), role="key", domain="rng_key")
 
+
+def check_uniform(inputs, attrs) -> None:
+    """[low, high) is empty unless low < high (the op's contract): no value could be right."""
+    lo, hi = np.broadcast_arrays(inputs[0], inputs[1])
+    bad = lo >= hi  # NaN parameters compare false: not rejected here
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        raise SpecError(f"rng_uniform: needs low < high, got low={float(lo[i])} >= high={float(hi[i])}")
+
+
+def _rng_errors():
+    k = np.array([1, 2], np.uint32)
+    return [("int32 key", [_f32(), _f32(), np.array([1, 2], np.int32)], {"shape": (4,)}),
+            ("key of shape (3,)", [_f32(), _f32(), np.array([1, 2, 3], np.uint32)], {"shape": (4,)}),
+            ("negative shape", [_f32(), _f32(), k], {"shape": (-4,)}),
+            ("parameters do not broadcast to shape", [_f32(3), _f32(3), k], {"shape": (4,)}),
+            ("integer parameters", [np.zeros((), np.int32), np.ones((), np.int32), k], {"shape": (4,)})]
+
+
+def _uniform_errors():
+    k = np.array([1, 2], np.uint32)
+    return _rng_errors() + [("low >= high", [np.float32([0.0, 2.0]), np.float32([1.0, 2.0]), k],
+                             {"shape": (2,)})]
+
+
 declare(name="rng_uniform", doc="uniform on [low, high) (low < high), elementwise parameters "
         "broadcast to shape; the stream is the backend's, fixed by the key",
         inputs=(Input("low", domain="rng_low"), Input("high", domain="rng_high"), _KEY),
         attrs=(_SHAPE,), policy=Policy(check=_stats.uniform_check,
-                                        check_reason=_stats.REASON), **_RNG)
+                                        check_reason=_stats.REASON),
+        check_values=check_uniform, error_inputs=_uniform_errors, **_RNG)
 
 declare(name="rng_normal", doc="mean + scale * N(0, 1), elementwise parameters broadcast to "
         "shape; the stream is the backend's, fixed by the key",
         inputs=(Input("mean"), Input("scale", domain="rng_scale"), _KEY),
         attrs=(_SHAPE,), policy=Policy(check=_stats.normal_check,
-                                        check_reason=_stats.REASON), **_RNG)
+                                        check_reason=_stats.REASON),
+        error_inputs=_rng_errors, **_RNG)
 
 
 # -- quantization --------------------------------------------------------------------------------
@@ -262,6 +302,12 @@ declare(name="quantize", family="quantize", doc="ONNX QuantizeLinear: saturate(r
         dtypes=FLOATS, infer=infer_quantize, shapes="quantize",
         attrs=(_AXIS_Q, Attr("to", "dtype", default="int8", choices=QDTYPES, sweep=QDTYPES)),
         generate=gen_quantize, values=("random", "special"),
+        error_inputs=lambda: [
+            ("zero_point dtype is not `to`", [_f32(2, 3), _f32(), np.zeros((), np.uint8)], {"to": "int8"}),
+            ("to outside int8/uint8", [_f32(2, 3), _f32(), np.zeros((), np.int32)], {"to": "int32"}),
+            ("per-axis scale of the wrong length", [_f32(2, 3), _f32(2), np.zeros(2, np.int8)], {"axis": -1}),
+            ("scale and zero_point shapes differ", [_f32(2, 3), _f32(3), np.zeros((), np.int8)], {"axis": -1}),
+            ("integer x", [np.ones((2, 3), np.int32), _f32(), np.zeros((), np.int8)], {})],
         policy=Policy(check=quantize_check, check_reason="exact; a near tie of x/scale may round "
                       "either way (division vs reciprocal), NaN is undefined"))
 
@@ -270,6 +316,13 @@ declare(name="dequantize", family="quantize", doc="ONNX DequantizeLinear: (x - z
         inputs=(Input("x", dtypes=QDTYPES), Input("scale"), Input("zero_point", dtypes=QDTYPES)),
         dtypes=FLOATS, infer=infer_dequantize, shapes="dequantize", attrs=(_AXIS_Q,),
         generate=gen_dequantize, values=("random",),
+        error_inputs=lambda: [
+            ("float x", [_f32(2, 3), _f32(), np.zeros((), np.int8)], {}),
+            ("zero_point dtype differs from x", [np.zeros((2, 3), np.int8), _f32(), np.zeros((), np.uint8)], {}),
+            ("per-axis scale of the wrong length", [np.zeros((2, 3), np.int8), _f32(2), np.zeros(2, np.int8)],
+             {"axis": -1}),
+            ("per-axis axis out of range", [np.zeros((2, 3), np.int8), _f32(3), np.zeros(3, np.int8)],
+             {"axis": -3})],
         policy=Policy(exact=True, signed_zero=True))
 
 
@@ -310,6 +363,11 @@ declare(name="fake_quantize", family="quantize", doc="symmetric per-axis quantiz
         attrs=(Attr("bits", "int", default=8, sweep=(8, 4)), Attr("axis", "int", default=0,
                                                                    sweep=(0, -1))),
         values=("random", "special"),
+        error_inputs=lambda: [("bits below 2", [_f32(2, 3)], {"bits": 1}),
+                              ("bits above 16", [_f32(2, 3)], {"bits": 17}),
+                              ("axis out of range", [_f32(2, 3)], {"axis": 2}),
+                              ("scalar input", [_f32()], {}),
+                              ("integer input", [np.ones((2, 3), np.int32)], {})],
         policy=Policy(bound=fake_quantize_bound, bound_reason="one scale step at a near tie of "
                       "x/scale; elsewhere the default tolerance"))
 
@@ -370,5 +428,10 @@ declare(name="softmax_cross_entropy", family="loss", doc="per row (last axis = c
         inputs=(Input("logits"), Input("targets")), dtypes=FLOATS,
         infer=infer_xent, shapes="xent", generate=gen_xent,
         values=("random", "special", "spread"),
+        # targets are probabilities of logits' shape (no integer labels to be out of range)
+        error_inputs=lambda: [("targets shape differs", [_f32(2, 3), _f32(2, 4)], {}),
+                              ("empty class axis", [_f32(2, 0), _f32(2, 0)], {}),
+                              ("scalar logits", [_f32(), _f32()], {}),
+                              ("integer targets", [_f32(2, 3), np.ones((2, 3), np.int32)], {})],
         policy=Policy(bound=xent_bound, bound_reason="log-sum-exp and summation error: see "
                       "xent_bound"))

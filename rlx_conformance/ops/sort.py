@@ -8,6 +8,8 @@ the input order of -0 and +0, which an unstable or reverse-the-ascending sort do
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .. import dtypes as dt
 from .. import infer
 from ..errors import SpecError
@@ -30,6 +32,13 @@ def infer_sort(spec, shapes, dtypes, attrs):
     return [(shape, "int64" if spec.name == "arg_sort" else dtypes[0])]
 
 
+def _sort_errors():
+    x = np.ones((2, 3), np.float32)
+    return [("axis out of range", [x], {"axis": 2}), ("axis below -rank", [x], {"axis": -3}),
+            ("scalar input", [np.ones((), np.float32)], {}),
+            ("non-bool descending", [x], {"descending": "yes"})]
+
+
 def infer_top_k(spec, shapes, dtypes, attrs):
     (shape,), k = shapes, attrs["k"]
     if not shape:
@@ -41,13 +50,20 @@ def infer_top_k(spec, shapes, dtypes, attrs):
 
 
 declare(name="sort", doc="sorted copy along axis (stable; NaN last ascending, first descending)",
-        inputs=(Input("x", domain="sort"),), attrs=(_AXIS, _DESC), infer=infer_sort, **COMMON)
+        inputs=(Input("x", domain="sort"),), attrs=(_AXIS, _DESC), infer=infer_sort,
+        error_inputs=_sort_errors, **COMMON)
 
 declare(name="arg_sort", doc="int64 indices that stably sort x along axis (NaN last ascending, "
         "first descending)", inputs=(Input("x", domain="sort"),), attrs=(_AXIS, _DESC),
-        infer=infer_sort, **COMMON)
+        infer=infer_sort, error_inputs=_sort_errors, **COMMON)
 
 declare(name="top_k", doc="the k largest along the last axis, descending: values and int64 "
         "indices; ties go to the smaller index; NaN ranks above +inf",
         inputs=(Input("x", domain="sort"),), attrs=(Attr("k", "int", sweep=(1, 5)),),
-        infer=infer_top_k, **COMMON)
+        infer=infer_top_k,
+        error_inputs=lambda: [("k past the last axis", [np.ones((2, 3), np.float32)], {"k": 4}),
+                              ("negative k", [np.ones((2, 3), np.float32)], {"k": -1}),
+                              ("scalar input", [np.ones((), np.float32)], {"k": 1}),
+                              ("axis attribute (top_k is along the last axis)",
+                               [np.ones((2, 3), np.float32)], {"k": 1, "axis": 0})],
+        **COMMON)
