@@ -17,7 +17,10 @@ How each op is computed, and why it is independent of ``backends/cpu``:
   in a numerically stable form of the OPS.md definition, then rounded once; rational ones
   (hard_sigmoid, hard_swish, softsign) exactly, as rationals. The CPU reference instead runs
   numpy/scipy in float64 (or float64 on float64 inputs): another library, another precision,
-  and for several ops another formula.
+  and for several ops another formula. For unary ops on float16 / bfloat16 inputs,
+  :mod:`rlx_conformance.precise_fast` first decides the elements whose correctly rounded value
+  float64 interval arithmetic proves (most of them), and MPFR evaluates the rest: the answers
+  are MPFR's either way, only faster.
 * **Reductions and scans** (reduce_sum/mean/prod, softmax, cumsum, cum_prod): numpy in the
   x87 80-bit ``longdouble`` (64-bit significand, exponent range far beyond float64), vectorized,
   then rounded once via round-to-odd. Where ``longdouble`` is no wider than float64 (macOS on
@@ -87,9 +90,13 @@ def working_context(dtype: str) -> gmpy2.context:
 
 
 def version() -> str:
-    """A digest of this module's source: part of the exhaustive mode's disk-cache key, so a
-    change to any oracle invalidates what was cached."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    """A digest of the oracle's source (this module and its fast path, precise_fast.py): part of
+    the exhaustive mode's disk-cache key, so a change to either invalidates what was cached. The
+    fast path is meant never to change an answer, but the key names the code that made it."""
+    h = hashlib.sha256()
+    for path in (Path(__file__), Path(__file__).with_name("precise_fast.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 # -- elementwise definitions -------------------------------------------------------------------
@@ -415,10 +422,29 @@ def _round_wide(fn, args, attrs, y, dtype: str):
         return +y
 
 
-def elementwise(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
-                out_dtype: str) -> np.ndarray:
-    """The op's result for every element (inputs broadcast), rounded once to ``out_dtype``."""
+def _mpfr_values(op: str, cols: Sequence[list], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+    """THE definition: MPFR, one input tuple (a row across ``cols``) at a time, each result
+    rounded once to ``out_dtype`` and returned as float64."""
     kind, fn = ELEMENTWISE[op]
+    rows = [[mpfr(v, 128) for v in args] for args in zip(*cols)]
+    if kind == "wide":
+        with working_context(out_dtype):
+            ys = [fn(r, attrs) for r in rows]
+        return np.array([float(_round_wide(fn, r, attrs, y, out_dtype)) for r, y in zip(rows, ys)],
+                        np.float64)
+    with target_context(out_dtype):
+        return np.array([float(_finish(fn(r, attrs))) for r in rows], np.float64)
+
+
+def elementwise(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
+                out_dtype: str, *, fast: bool = True) -> np.ndarray:
+    """The op's result for every element (inputs broadcast), rounded once to ``out_dtype``.
+
+    ``fast``: let precise_fast decide the elements it can prove MPFR's answer for (unary ops on
+    float16 / bfloat16 inputs; bit-identical by construction, checked exhaustively by
+    benchmarks/verify_fast_oracle.py); the rest, and everything with ``fast=False``, is MPFR."""
+    from . import precise_fast
+
     arrays = np.broadcast_arrays(*[np.asarray(x) for x in inputs])
     shape = arrays[0].shape if arrays else ()
     n = int(np.prod(shape)) if shape else 1
@@ -427,17 +453,14 @@ def elementwise(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
         return out.reshape(shape).astype(dt.np_dtype(out_dtype))
     keys = np.stack([_key_bits(a).reshape(-1) for a in arrays], axis=1)
     uniq, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    cols = [_exact_values(a.reshape(-1)[first]) for a in arrays]
-    tctx = target_context(out_dtype)
-    rows = [[mpfr(v, 128) for v in args] for args in zip(*cols)]
-    if kind == "wide":
-        with working_context(out_dtype):
-            ys = [fn(r, attrs) for r in rows]
-        vals = np.array([float(_round_wide(fn, r, attrs, y, out_dtype)) for r, y in zip(rows, ys)],
-                        np.float64)
-    else:
-        with tctx:
-            vals = np.array([float(_finish(fn(r, attrs))) for r in rows], np.float64)
+    firsts = [a.reshape(-1)[first] for a in arrays]
+    vals = np.full(len(first), np.nan)
+    todo = np.arange(len(first))
+    if fast and precise_fast.applies(op, [a.dtype for a in arrays], attrs, out_dtype):
+        vals, decided = precise_fast.decide(op, firsts[0], attrs, out_dtype)
+        todo = np.flatnonzero(~decided)
+    if todo.size:
+        vals[todo] = _mpfr_values(op, [_exact_values(f[todo]) for f in firsts], attrs, out_dtype)
     out = vals[inverse.reshape(-1)]
     return out.reshape(shape).astype(dt.np_dtype(out_dtype))
 
