@@ -194,6 +194,144 @@ def stats_tables(cases: list[Record], drifted: set[str]) -> list[dict]:
     return out
 
 
+# -- bit-stability, the exhaustive sweep, the oracle's verdicts ---------------------------------------
+STABILITY_CLASSES = ("bit-stable", "mode-dependent", "nondeterministic", "unknown")
+ORACLE_VERDICTS = ("ok", "target-over-budget", "supports-reference", "both-within-budget", "reference-bug")
+EXHAUSTIVE_BAD = ("fail", "xpass", "error", "crash", "timeout")
+MAX_REF_BUGS = 50  # reference-bug cases listed in the red block
+
+
+def _stability_doc(report: Report) -> dict | None:
+    """results.json's top-level ``stability`` section (records.load keeps cases only); None when
+    the file has none (older runs) or cannot be read again."""
+    doc = getattr(report, "stability", None)
+    if isinstance(doc, dict):
+        return doc
+    try:
+        from .results import load_results
+
+        doc = load_results(report.path).get("stability")
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def stability_view(report: Report) -> dict | None:
+    """Counts per class, the mode-dependent and nondeterministic groups, and how many cases
+    failed a bit-stability check (cases/bit_stable.toml); None when there is nothing to show."""
+    section = _stability_doc(report)
+    failed = sum(1 for r in report.cases if (r.get("message") or "").startswith("bit-stability:"))
+    if section is None and not failed:
+        return None
+    section = section or {}
+    raw = section.get("counts") or {}
+    counts = {c: int(raw.get(c, 0) or 0) for c in STABILITY_CLASSES}
+    groups = []
+    for g in section.get("groups") or []:
+        cls = g.get("class")
+        if cls not in ("mode-dependent", "nondeterministic"):
+            continue
+        groups.append({"op": g.get("op"), "dtype": g.get("dtype"), "backend": g.get("backend"),
+                       "device": g.get("device"), "mode": g.get("mode"), "class": cls,
+                       "differs_from": g.get("differs_from") or [], "cases": g.get("cases", 0),
+                       "affected": g.get("nondeterministic_cases", g.get("mode_dependent_cases", 0)),
+                       "examples": g.get("examples") or []})
+    groups.sort(key=lambda g: (g["class"] != "nondeterministic", g["op"] or "", _dtype_sort(g["dtype"] or ""),
+                               g["backend"] or "", g["device"] or "", g["mode"] or ""))
+    return {"present": bool(section), "counts": counts, "groups": groups[:MAX_LIST],
+            "groups_total": len(groups), "failed": failed}
+
+
+def _exhaustive_doc(report_dir: Path) -> dict | None:
+    p = report_dir / "exhaustive.json"
+    if not p.is_file():
+        return None
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("rows"), list) else None
+
+
+def exhaustive_view(doc: dict | None) -> dict | None:
+    """The sweep's rows (failing first, then xfail/xpass, then the rest, in sweep order) with
+    their error figures, worst inputs as hex and the known divergence of xfail rows."""
+    if not doc:
+        return None
+    rank = {o: i for i, o in enumerate((*EXHAUSTIVE_BAD, "xfail"))}
+    rows = []
+    for i, r in enumerate(doc.get("rows") or []):
+        o = r.get("outcome") or "error"
+        attrs = r.get("attrs") or {}
+        budget = r.get("budget") or {}
+        div = r.get("divergence") or {}
+        worst_in = [f"{w.get('input')}" + (f" ({fmt(w['ulp'])} ulp)" if w.get("ulp") is not None else "")
+                    for w in (r.get("worst") or [])[:3]]
+        if o == "xfail" and div:
+            note = f"#{div.get('entry')} ({div.get('category')}): {div.get('reason') or ''}"
+        else:
+            note = (r.get("message") or "").splitlines()[0] if r.get("message") else ""
+        rows.append({"key": (rank.get(o, len(rank)), i), "op": r.get("op"), "dtype": r.get("dtype"),
+                     "attrs": ",".join(f"{k}={v}" for k, v in sorted(attrs.items())),
+                     "target": r.get("target"), "outcome": o, "max_ulp": fmt(r.get("max_ulp")),
+                     "budget": fmt(budget.get("ulp")), "over": r.get("over_budget"),
+                     "checked": r.get("checked", r.get("n")), "nan": r.get("nan_mismatch"),
+                     "inf": r.get("inf_mismatch"), "sz": r.get("signed_zero_mismatch"),
+                     "sz_asserted": r.get("signed_zero_asserted", True), "worst": worst_in,
+                     "note": _clip(note, 300), "full": (r.get("message") or note)[:2000]})
+    rows.sort(key=lambda x: x["key"])
+    summary = doc.get("summary") or dict(Counter(x["outcome"] for x in rows))
+    bad = sum(1 for x in rows if x["outcome"] in EXHAUSTIVE_BAD)
+    run = doc.get("run") or {}
+    return {"rows": rows, "summary": {o: n for o, n in summary.items() if o != "total" and n},
+            "total": len(rows), "bad": bad, "failed": bool(doc.get("failed", bad)),
+            "dtypes": run.get("dtypes") or sorted({x["dtype"] for x in rows if x["dtype"]}, key=_dtype_sort),
+            "wall_s": run.get("wall_s"), "open": bool(bad) or len(rows) <= 60}
+
+
+def oracle_view(cases: list[Record]) -> dict | None:
+    """Counts per oracle verdict, per op the worst oracle ULP of target and reference with the
+    budget, the ops whose target is over budget, and the reference-bug cases; None when no case
+    carries an oracle verdict (older runs, ops without an oracle)."""
+    judged = [r for r in cases if r.get("oracle_verdict")]
+    if not judged:
+        return None
+    verdicts = Counter(r["oracle_verdict"] for r in judged)
+    ops: dict[str, dict] = {}
+    for r in cases:
+        t, ref = measure(r.get("oracle_ulp_target")), measure(r.get("oracle_ulp_ref"))
+        if t is None and ref is None and not r.get("oracle_verdict"):
+            continue
+        e = ops.setdefault(r["op"], {"op": r["op"], "target": None, "ref": None, "budget": None, "dtype": None,
+                                     "cases": 0, "over": 0, "ref_bugs": 0, "budgets": set()})
+        e["cases"] += 1
+        b = measure((r.get("budget") or {}).get("ulp"))
+        if b is not None:
+            e["budgets"].add(b)
+        if t is not None and (e["target"] is None or t > e["target"]):
+            e["target"], e["dtype"], e["budget"] = t, r.get("dtype"), b
+        if ref is not None and (e["ref"] is None or ref > e["ref"]):
+            e["ref"] = ref
+        if (r.get("over_budget") or 0) > 0:
+            e["over"] += 1
+        if r.get("oracle_verdict") == "reference-bug":
+            e["ref_bugs"] += 1
+    rows = sorted(ops.values(), key=lambda e: (-e["over"], -e["ref_bugs"], e["op"]))
+    for e in rows:
+        bs = sorted(e.pop("budgets"))
+        e["budget_all"] = "—" if not bs else fmt(bs[0]) if len(bs) == 1 else f"{fmt(bs[0])}–{fmt(bs[-1])}"
+    bugs = sorted((r for r in judged if r["oracle_verdict"] == "reference-bug"), key=lambda r: r["id"])
+    return {"counts": [(v, verdicts.get(v, 0)) for v in ORACLE_VERDICTS]
+                      + sorted((v, n) for v, n in verdicts.items() if v not in ORACLE_VERDICTS),
+            "judged": len(judged), "ops": rows, "over_ops": [e for e in rows if e["over"]],
+            "ref_bugs": len(bugs),
+            "bug_groups": sorted(Counter(f"{r['op']}/{r['dtype']}" for r in bugs).items()),
+            "bugs": [{"id": r["id"], "op": r["op"], "dtype": r["dtype"], "outcome": r["outcome"],
+                      "ref": fmt(r.get("oracle_ulp_ref")), "budget": fmt((r.get("budget") or {}).get("ulp")),
+                      "message": _clip(((r.get("message") or "").splitlines() or [""])[0], 260)}
+                     for r in bugs[:MAX_REF_BUGS]]}
+
+
 def _meta(run: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     """(label, value) rows for the header, and the TF32 setting if the run recorded one."""
     known = [("start", "started"), ("wall_s", "wall seconds"), ("platform", "platform"),
@@ -219,7 +357,9 @@ def _meta(run: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
 
 
 def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None = None,
-            out_path: Path | None = None, with_plots: bool = True) -> dict[str, Any]:
+            out_path: Path | None = None, with_plots: bool = True,
+            exhaustive: dict | None = None) -> dict[str, Any]:
+    """``exhaustive``: the sweep's document; default: exhaustive.json beside results.json, if any."""
     cases = report.cases
     out_dir = (out_path or report.dir / "report.html").resolve().parent
     targets = sorted({target(r) for r in cases} | set(report.run.get("targets") or []), key=_target_sort)
@@ -248,6 +388,8 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
         "stats": stats_tables(cases, drifted), "diff": diff, "lock": lock,
         "diff_counts": diff.counts() if diff is not None else None, "max_list": MAX_LIST,
         "plots": dict.fromkeys(("hist", "worst", "outcomes")), "worst": stats.worst_ops(cases),
+        "stability": stability_view(report), "oracle": oracle_view(cases),
+        "exhaustive": exhaustive_view(exhaustive if exhaustive is not None else _exhaustive_doc(report.dir)),
     }
     if with_plots:
         ctx["plots"] = {"hist": plots.ulp_histograms(stats.ulps_by_family(cases)),

@@ -228,3 +228,133 @@ def test_chromium_renders_the_scoreboard(nightly, tmp_path):
     assert ops == set(OPS)
     assert dom.find("svg"), "plots missing from the rendered DOM"
     assert not external_refs(dom)
+
+
+# -- bit-stability, oracle verdicts, the exhaustive sweep -------------------------------------------
+B4 = {"ulp": 4.0, "atol": 0.0, "bound": None, "source": "accuracy.toml#1:exp"}
+
+
+def exhaustive_doc(failed: bool = True) -> dict:
+    def row(outcome, target, **kw):
+        return {"op": "exp", "attrs": {}, "dtype": "bfloat16", "target": target, "outcome": outcome,
+                "n": 65536, "checked": 65530, "max_ulp": 0.0, "over_budget": 0, "nan_mismatch": 0,
+                "inf_mismatch": 0, "signed_zero_mismatch": 0, "signed_zero_asserted": False,
+                "budget": {"ulp": 1.0, "atol": 0.0, "bound": None, "source": "accuracy.toml#2"}, "worst": [], **kw}
+    rows = [row("pass", "cpu-cpu-eager"),
+            row("xfail", "mlx-cpu-eager", max_ulp=66.0, over_budget=9, inf_mismatch=1,
+                divergence={"entry": 85, "category": "precision", "reason": "float32 exp overflows at 88.5"},
+                worst=[{"input": "0x42b1", "ulp": 51.0}, {"input": "0xc2b0", "ulp": 66.0}])]
+    if failed:
+        rows.append(row("fail", "mlx-cpu-lazy", max_ulp=1234.0, over_budget=17, nan_mismatch=2, signed_zero_mismatch=3,
+                        signed_zero_asserted=True, worst=[{"input": "0x7bff", "ulp": 1234.0}]))
+    summary = {o: sum(r["outcome"] == o for r in rows) for o in ("pass", "fail", "xfail")}
+    return {"schema": "rlx-conformance/exhaustive/v1", "run": {"wall_s": 1.5, "dtypes": ["bfloat16"]},
+            "summary": summary | {"total": len(rows)}, "failed": failed, "rows": rows}
+
+
+@pytest.fixture
+def extras(tmp_path):
+    """Cases with output digests (two modes of exp disagree, add's repeats disagree), a case failed by
+    a bit-stability check, oracle verdicts (one reference bug), and exhaustive.json beside them."""
+    ref_bug = "reference bug: the CPU reference of exp/float32 is farther from the correctly rounded result"
+    rs = [result("exp", "float32", "pass", n=1, output_digest="aa", oracle_verdict="ok", oracle_ulp_ref=0.5,
+                 oracle_ulp_target=1.0, over_budget=0, budget=B4),
+          result("exp", "float32", "pass", n=1, mode="lazy", output_digest="bb", oracle_verdict="target-over-budget",
+                 oracle_ulp_ref=1.0, oracle_ulp_target=40.0, over_budget=5, budget=B4),
+          result("exp", "float32", "error", n=2, output_digest="cc", oracle_verdict="reference-bug",
+                 oracle_ulp_ref=300.0, oracle_ulp_target=2.0, over_budget=0, over_budget_ref=3, budget=B4, message=ref_bug),
+          result("neg", "float32", "fail", n=3, output_digest="dd", message="bit-stability: mode eager disagrees bit-wise"),
+          result("neg", "float32", "pass", n=3, mode="lazy", output_digest="dd"),
+          result("add", "float32", "pass", n=4, output_digest="x1", repeat_digests=["x1", "x2"])]
+    report = write(tmp_path / "rep", rs)
+    (report / "exhaustive.json").write_text(json.dumps(exhaustive_doc()))
+    return report
+
+
+def _section_text(html: str, sid: str) -> str:
+    i = html.index(f'<section class="card" id="{sid}">')
+    return html[i:html.index("</section>", i)]
+
+
+def test_html_stability_oracle_exhaustive(extras):
+    out = report_html.write(records.load(extras), extras / "report.html")
+    html = out.read_text()
+    dom = Dom(html)
+    navs = {a.get("href") for t, a, anc in dom.find("a") if "nav" in anc}
+    assert {"#stability", "#oracle", "#exhaustive"} <= navs
+    # bit-stability: counts per class, the two mode-dependent groups and the nondeterministic one
+    st = _section_text(html, "stability")
+    tiles = {a["data-class"]: a for t, a, anc in dom.find("div") if "data-class" in a}
+    assert set(tiles) == {"bit-stable", "mode-dependent", "nondeterministic", "unknown"}
+    for cls, n in (("bit-stable", 2), ("mode-dependent", 2), ("nondeterministic", 1), ("unknown", 0)):
+        assert re.search(rf'data-class="{cls}"><div class="n">{n}</div>', st), cls
+    groups = [a["data-class"] for t, a, anc in dom.find("tr") if "data-class" in a and "table#stability-groups" in anc]
+    assert sorted(groups) == ["mode-dependent", "mode-dependent", "nondeterministic"]
+    assert groups[0] == "nondeterministic"  # listed first
+    assert "cases that failed a bit-stability check: 1" in st
+    assert result("exp", "float32", n=1, mode="lazy").id in st  # an example id
+    # oracle: counts per verdict, exp over budget with its worst ULPs and budget, the red block
+    orc = _section_text(html, "oracle")
+    for v, n in (("ok", 1), ("target-over-budget", 1), ("supports-reference", 0), ("both-within-budget", 0),
+                 ("reference-bug", 1)):
+        assert re.search(rf'data-verdict="{v}"><div class="n">{n}</div>', orc), v
+    over = [a["data-op"] for t, a, anc in dom.find("tr") if "data-op" in a and "table#oracle-over" in anc]
+    assert over == ["exp"]
+    row = re.search(r'<tr data-op="exp"><td class="mono">exp</td>(.*?)</tr>', orc).group(1)
+    assert re.findall(r">([^<>]+)</td>", row)[:4] == ["1 / 3", "40", "300", "4"]
+    assert dom.find("div", id="reference-bugs") and "1 reference bug" in html and "exp/float32</code> (1)" in orc
+    assert result("exp", "float32", n=2).id in orc
+    # exhaustive: failing row first, xfail with its divergence's reason, hex inputs and mismatch counts
+    ex = _section_text(html, "exhaustive")
+    order = [a["data-outcome"] for t, a, anc in dom.find("tr") if "data-outcome" in a]
+    assert order == ["fail", "xfail", "pass"]
+    assert "1234 / 1" in ex and "17" in ex and "2 / 0 / 3<" in ex and "0 / 1 / 0*" in ex
+    assert "0x7bff (1234 ulp)" in ex and "0x42b1 (51 ulp), 0xc2b0 (66 ulp)" in ex
+    assert "#85 (precision): float32 exp overflows at 88.5" in ex
+    assert "exhaustive sweep failed" in html
+    assert not external_refs(dom)
+
+
+def test_report_command_picks_up_exhaustive_json(extras, tmp_path):
+    out = tmp_path / "r.html"
+    assert cli.main(["report", str(extras), "--out", str(out), "--no-lock", "--no-plots"]) == 0
+    assert 'id="exhaustive"' in out.read_text()
+    (extras / "exhaustive.json").write_text(json.dumps(exhaustive_doc(failed=False)))
+    assert cli.main(["report", str(extras), "--out", str(out), "--no-lock", "--no-plots"]) == 0
+    html = out.read_text()
+    assert 'data-outcome="fail"' not in html and "exhaustive sweep failed" not in html
+
+
+def test_new_sections_absent_without_their_data(synthetic):
+    """An older results.json: no stability section, no oracle fields, no exhaustive.json."""
+    report, _ = synthetic
+    doc = json.loads((report / "results.json").read_text())
+    doc.pop("stability", None)
+    for c in doc["cases"]:
+        for k in ("oracle_verdict", "oracle_ulp_ref", "oracle_ulp_target", "over_budget", "budget", "output_digest"):
+            c.pop(k, None)
+    (report / "results.json").write_text(json.dumps(doc))
+    html = report_html.render(records.load(report), with_plots=False)
+    for sid in ("stability", "oracle", "exhaustive"):
+        assert f'id="{sid}"' not in html and f'href="#{sid}"' not in html, sid
+    assert "reference bug" not in html
+
+
+def test_nightly_renders_the_sweep_it_ran(tmp_path, monkeypatch):
+    """The sweep runs before report.html is written, the HTML shows it, and a failed row fails the nightly."""
+    from rlx_conformance import exhaustive
+
+    def fake(targets, ops=None, dtypes=None, report_dir=None, **kw):
+        doc = exhaustive_doc()
+        (Path(report_dir) / "exhaustive.json").write_text(json.dumps(doc))
+        return doc
+
+    monkeypatch.setattr(exhaustive, "run_exhaustive", fake)
+    report = tmp_path / "report"
+    rc = cli.main(["nightly", "--op", "neg", "--dtypes", "float16", "--mode", "eager", "--device", "cpu",
+                   "--workers", "0", "--report", str(report), "--baseline", str(tmp_path / "none"),
+                   "--no-lock", "--no-progress"])
+    bad = any(records.is_bad(c["outcome"]) for c in records.load(report).cases)
+    assert rc == 1 and not bad  # the sweep's failed row alone fails the nightly
+    html = (report / "report.html").read_text()
+    assert 'id="exhaustive"' in html and "0x7bff (1234 ulp)" in html

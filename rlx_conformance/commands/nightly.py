@@ -97,18 +97,18 @@ def cmd_nightly(args) -> int:
     d = compare(base, new, tholds)
     d.lock = check_lock(args, new)
     write_json(d, report / "diff.json")
-    report_html.write(new, report / "report.html", diff=d, lock=d.lock)
     print_diff(d, args.show)
-    exhaustive_failed = _exhaustive(args, report) if not args.no_exhaustive else False
+    sweep = _exhaustive(args, report) if not args.no_exhaustive else None  # before the HTML, which shows it
+    report_html.write(new, report / "report.html", diff=d, lock=d.lock, exhaustive=sweep)
     print(f"report: {report / 'report.html'}")
-    return 1 if d.regression or exhaustive_failed else 0
+    return 1 if d.regression or (sweep is not None and sweep["failed"]) else 0
 
 
-def _exhaustive(args, report: Path) -> bool:
+def _exhaustive(args, report: Path) -> dict | None:
     """The exhaustive float16/bfloat16 sweep of the unary ops on the same targets, into
-    report/exhaustive.json; True when a row failed (over budget outside a known divergence,
-    crash, timeout). Skipped when --ops selects no unary float op or --dtypes neither 16-bit
-    float."""
+    report/exhaustive.json; its document (``failed``: a row over budget outside a known
+    divergence, a crash, a timeout), or None when skipped: --ops selects no unary float op or
+    --dtypes neither 16-bit float."""
     from ..cli import _split
     from ..exhaustive import run_exhaustive, unary_ops
     from .exhaustive import print_table
@@ -117,10 +117,10 @@ def _exhaustive(args, report: Path) -> bool:
     globs = _split(args.dtypes)
     dtypes = [d for d in ("float16", "bfloat16") if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]
     if not dtypes or not unary_ops(ops):
-        return False
+        return None
     doc = run_exhaustive(_targets(args), ops=ops, dtypes=dtypes, report_dir=report, workers=args.workers)
     print_table(doc, args.show)
-    return bool(doc["failed"])
+    return doc
 
 
 def register(sub) -> None:
