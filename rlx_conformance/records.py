@@ -32,6 +32,7 @@ class Report:
     run: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, int] = field(default_factory=dict)
     cases: list[Record] = field(default_factory=list)
+    stability: dict[str, Any] | None = None  # the run's bit-stability section, where it has one
 
     @property
     def dir(self) -> Path:
@@ -62,7 +63,9 @@ def load(path: str | Path) -> Report:
         raise RlxError(str(e)) from None
     cases = doc.get("cases") or []
     summary = doc.get("summary") or summarize(cases)
-    return Report(path=p, run=doc.get("run") or {}, summary=summary, cases=cases)
+    stab = doc.get("stability")
+    return Report(path=p, run=doc.get("run") or {}, summary=summary, cases=cases,
+                  stability=stab if isinstance(stab, dict) else None)
 
 
 def summarize(cases: list[Record]) -> dict[str, int]:

@@ -202,18 +202,8 @@ MAX_REF_BUGS = 50  # reference-bug cases listed in the red block
 
 
 def _stability_doc(report: Report) -> dict | None:
-    """results.json's top-level ``stability`` section (records.load keeps cases only); None when
-    the file has none (older runs) or cannot be read again."""
-    doc = getattr(report, "stability", None)
-    if isinstance(doc, dict):
-        return doc
-    try:
-        from .results import load_results
-
-        doc = load_results(report.path).get("stability")
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    """results.json's top-level ``stability`` section; None when the run has none (older runs)."""
+    return report.stability
 
 
 def stability_view(report: Report) -> dict | None:
