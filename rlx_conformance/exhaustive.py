@@ -190,12 +190,10 @@ def _run_one(job: dict[str, Any], target: Target, x: np.ndarray, want: np.ndarra
 
 
 def _worker_main(conn, init: str | None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if init:
-        import importlib
+    from .runner import run_init
 
-        mod, _, fn = init.partition(":")
-        getattr(importlib.import_module(mod), fn)()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    run_init(init)
     conn.send(("ready", None))
     while True:
         try:
@@ -295,16 +293,9 @@ class _Pool:
                         pool.remove(w)
                         pool.append(self._spawn())
         finally:
-            for w in pool:
-                try:
-                    w["conn"].send(None)
-                except (OSError, BrokenPipeError):
-                    pass
-            for w in pool:
-                w["proc"].join(timeout=2)
-                if w["proc"].is_alive():
-                    w["proc"].kill()
-                    w["proc"].join()
+            from .runner import stop_workers
+
+            stop_workers([(w["proc"], w["conn"]) for w in pool])
 
 
 # -- the sweep ------------------------------------------------------------------------------------

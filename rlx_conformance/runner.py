@@ -65,7 +65,7 @@ def _variant_groups(cases: Sequence[Case]) -> list[tuple[dict[str, str], list[Ca
 
     groups: dict[tuple[tuple[str, str], ...], list[Case]] = {}
     for c in cases:
-        v = getattr(c.target, "variant", "")
+        v = c.target.variant
         env = get_backend(c.target.backend).variant_env(v) if v else {}
         groups.setdefault(tuple(sorted(env.items())), []).append(c)
     return [(dict(k), g) for k, g in groups.items()]
@@ -80,12 +80,7 @@ def _worker_main(conn: Connection, env: dict[str, str], init: str | None,
     warnings.simplefilter("ignore")
     from .execute import run_case
 
-    if init:  # "module:function", e.g. registering a contributed kernel in every worker
-        import importlib
-
-        mod, _, fn = init.partition(":")
-        getattr(importlib.import_module(mod), fn)()
-
+    run_init(init)
     conn.send(("ready", None))
     while True:
         try:
@@ -139,15 +134,40 @@ def start_worker(ctx: mp.context.BaseContext, target: Callable[..., None], args:
     p = ctx.Process(target=target, args=(child, *args), daemon=True)
     p.start()
     child.close()
+    why = None  # a worker that can say why it cannot start sends ("init-error", reason)
     try:
-        ok = parent.poll(120) and parent.recv()[0] == "ready"
+        msg = parent.recv() if parent.poll(120) else ("timeout", "no answer within 120 s")
+        why = None if msg[0] == "ready" else msg[1]
     except (EOFError, OSError):
-        ok = False
-    if not ok:
+        why = ""
+    if why is not None:
         p.kill()
         p.join()
-        raise RlxError(f"a worker process failed to start ({_signal_name(p.exitcode)}); {hint}")
+        raise RlxError(f"a worker process failed to start ({why or _signal_name(p.exitcode)}); {hint}")
     return p, parent
+
+
+def run_init(init: str | None) -> None:
+    """Run a "module:function" init hook (e.g. registering a contributed kernel) in this process."""
+    if init:
+        import importlib
+
+        mod, _, fn = init.partition(":")
+        getattr(importlib.import_module(mod), fn)()
+
+
+def stop_workers(workers: Sequence[tuple[mp.process.BaseProcess, Connection]]) -> None:
+    """Ask each worker to stop (None on its pipe), then wait for all; kill the ones that linger."""
+    for _, conn in workers:
+        try:
+            conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+    for proc, _ in workers:
+        proc.join(timeout=2)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 def _signal_name(code: int | None) -> str:
@@ -222,11 +242,7 @@ class Runner:
         if self.workers == 0:
             from .execute import run_case
 
-            if self.init:
-                import importlib
-
-                mod, _, fn = self.init.partition(":")
-                getattr(importlib.import_module(mod), fn)()
+            run_init(self.init)
             for c in cases:
                 capture: dict | None = {} if self.bundles is not None else None
                 r = run_case(c, capture)
@@ -275,16 +291,7 @@ class Runner:
                     if w.task and (dead or time.monotonic() > w.deadline):
                         yield from self._replace(w, pool, idle, tasks, timed_out=not dead)
         finally:
-            for w in pool:
-                try:
-                    w.conn.send(None)
-                except (OSError, BrokenPipeError):
-                    pass
-            for w in pool:
-                w.proc.join(timeout=2)
-                if w.proc.is_alive():
-                    w.proc.kill()
-                    w.proc.join()
+            stop_workers([(w.proc, w.conn) for w in pool])
 
     def _pick(self, tasks: deque[list[Case]], w: _Worker, n_workers: int) -> list[Case]:
         """The next task for worker ``w``: the first one it has not run before (under --repeat a
@@ -310,14 +317,7 @@ class Runner:
 
     @staticmethod
     def _retire(w: _Worker, pool: list[_Worker]) -> None:
-        try:
-            w.conn.send(None)
-        except (OSError, BrokenPipeError):
-            pass
-        w.proc.join(timeout=2)
-        if w.proc.is_alive():
-            w.proc.kill()
-            w.proc.join()
+        stop_workers([(w.proc, w.conn)])
         pool.remove(w)
 
     def _timeout(self, case: Case) -> float:

@@ -128,10 +128,32 @@ def _fully_covered(indices: list[int], results) -> list[int]:
 _EXCUSES_ONLY_VALUES = ("precision",)
 
 
+class _ByOp:
+    """The entries whose op glob matches each op name, in file order: the runner asks about every
+    case several times (timeout, isolation, outcome), and 100-odd fnmatch calls per question
+    cost seconds of the parent's CPU per run. Rebuilt whenever divergences() gives another tuple."""
+
+    def __init__(self) -> None:
+        self.divs: tuple[Divergence, ...] | None = None
+        self.by_op: dict[str, list[Divergence]] = {}
+
+    def __call__(self, op: str) -> list[Divergence]:
+        divs = divergences()
+        if divs is not self.divs:
+            self.divs, self.by_op = divs, {}
+        hit = self.by_op.get(op)
+        if hit is None:
+            hit = self.by_op[op] = [d for d in divs if fnmatch.fnmatchcase(op, d.op)]
+        return hit
+
+
+_entries_for = _ByOp()
+
+
 def known_divergence(case, outcome: str | None = None) -> Divergence | None:
     """The first entry that scopes ``case`` (and, given the case's ``outcome``, whose category
     can explain it: a precision entry cannot excuse a crash)."""
-    for d in divergences():
+    for d in _entries_for(case.op):
         if d.matches(case) and not (outcome not in (None, "fail", "pass")
                                     and d.category in _EXCUSES_ONLY_VALUES):
             return d

@@ -311,20 +311,10 @@ class Isolated:
         self._ctx = _context()
 
     def _start(self) -> None:
-        parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_service_main, args=(child, self.cfg), daemon=True)
-        p.start()
-        child.close()
-        try:
-            ok = parent.poll(120)
-            msg = parent.recv() if ok else ("init-error", "no answer within 120 s")
-        except (EOFError, OSError):
-            msg = ("init-error", "the worker died while starting")
-        if msg[0] != "ready":
-            p.kill()
-            p.join()
-            raise RlxError(f"validate: a worker could not register the kernel: {msg[1]}")
-        self._proc, self._conn = p, parent
+        from .runner import start_worker
+
+        self._proc, self._conn = start_worker(self._ctx, _service_main, (self.cfg,),
+                                              "validate could not register the kernel")
 
     def call(self, kind: str, timeout: float | None = None, **payload: Any) -> tuple[str, Any]:
         from .runner import _signal_name
@@ -350,14 +340,9 @@ class Isolated:
 
     def close(self) -> None:
         if self._proc is not None:
-            try:
-                self._conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-            self._proc.join(timeout=2)
-            if self._proc.is_alive():
-                self._proc.kill()
-                self._proc.join()
+            from .runner import stop_workers
+
+            stop_workers([(self._proc, self._conn)])
             self._proc = self._conn = None
 
 

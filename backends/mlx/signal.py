@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from rlx_conformance.ops.signal import param_view
+
 from . import BACKEND, MX_DTYPES
 
 kernel = BACKEND.kernel
@@ -43,13 +45,6 @@ def rng_uniform(low, high, key, *, shape):
 def rng_normal(mean, scale, key, *, shape):
     return mean + scale * mx.random.normal(tuple(shape), dtype=mean.dtype, key=key)
 
-
-def param_view(p: mx.array, ndim: int, axis: int) -> mx.array:
-    if p.ndim == 0:
-        return p
-    shape = [1] * ndim
-    shape[axis % ndim] = p.shape[0]
-    return p.reshape(shape)
 
 
 @kernel("quantize", note="composed: clip(round(x / scale) + zero_point) then cast")

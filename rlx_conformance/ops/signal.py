@@ -188,8 +188,9 @@ def infer_dequantize(spec, shapes, dtypes, attrs):
     return [(x, dtypes[1])]
 
 
-def param_view(p: np.ndarray, ndim: int, axis: int) -> np.ndarray:
-    """A per-tensor or per-axis parameter shaped to broadcast against an array of rank ndim."""
+def param_view(p, ndim: int, axis: int):
+    """A per-tensor or per-axis parameter shaped to broadcast against an array of rank ndim (a
+    numpy or an mlx array: both backends' quantize kernels use it)."""
     if p.ndim == 0:
         return p
     shape = [1] * ndim
