@@ -40,7 +40,7 @@ def _targets(args):
 
 
 def cmd_run(args) -> int:
-    from .session import build_cases, default_report_dir, execute, find_case
+    from .session import build_cases, default_report_dir, execute, find_case, resume_cases
 
     if args.repeat < 1 or args.sample < 1:
         raise RlxError("--repeat and --sample want a count >= 1")
@@ -57,7 +57,21 @@ def cmd_run(args) -> int:
         cases = _sample(cases, args.sample)
     if not cases:
         raise RlxError("no cases selected")
-    report = Path(args.report) if args.report else default_report_dir()
+    tf32 = _tf32_run(args, cases)
+    prior, prior_wall = [], 0.0
+    if args.resume:
+        if args.report or args.repeat > 1:
+            raise RlxError("--resume DIR writes into DIR and does not combine with --report or --repeat")
+        report = Path(args.resume)
+        try:
+            prior_meta, prior = res.load_resumable(report)
+        except ValueError as e:
+            raise RlxError(str(e)) from None
+        prior_wall = prior_meta.get("wall_s") or 0.0
+        cases = resume_cases(cases, prior)
+        print(f"resuming {report}: {len(prior)} case(s) kept, {len(cases)} to run", file=sys.stderr)
+    else:
+        report = Path(args.report) if args.report else default_report_dir()
     counts: Counter[str] = Counter()
     progress = _progress(len(cases) * args.repeat, enabled=not args.no_progress and sys.stderr.isatty())
     with progress as bar:
@@ -68,7 +82,7 @@ def cmd_run(args) -> int:
             run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
                           strict_divergences=not (args.case or args.shard or args.sample > 1),
                           repeat=args.repeat, bundles=not args.no_bundles, shard=shard,
-                          **_tf32_run(args, cases))
+                          prior=prior, prior_wall_s=prior_wall, **tf32)
         except KeyboardInterrupt:
             print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
             return 130
@@ -254,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     r.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run before it is killed (default 60)")
     r.add_argument("--shard", metavar="I/N", help="run only shard I of N (deterministic split)")
+    r.add_argument("--resume", metavar="DIR",
+                   help="finish the interrupted or killed run in DIR (same options as it had): "
+                        "keep its records, run the cases it did not reach, write DIR/results.json")
     r.add_argument("--sample", type=int, default=1, metavar="K",
                    help="run every K-th input set of each op and dtype, all its targets (default 1: all)")
     r.add_argument("--repeat", type=int, default=1, metavar="N",

@@ -19,7 +19,7 @@ from . import results as res
 from .errors import RlxError
 
 TIMING = ("duration_s", "backend_s")  # may differ between two runs of one case
-VERSIONS = ("python", "numpy", "mlx")  # shards run with different ones: a warning
+VERSIONS = ("python", "numpy", "ml_dtypes", "scipy", "mlx")  # shards run with different ones: a warning
 _COMBINED = ("start", "wall_s", "targets", "backend", "device", "modes", "cases_planned", "interrupted",
              "same_worker_repeats", "bit_stability_failures", "warnings", "shard")  # combine_meta's own
 
@@ -145,11 +145,14 @@ def copy_bundles(shards: Sequence[Shard], out_dir: Path) -> int:
     return n
 
 
-def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = False) -> Merged:
+def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = False,
+          rejudge: bool = False) -> Merged:
     """Merge shard reports into ``out_dir/results.json`` (and ``out_dir/repro/``). A split with
     missing shards is an error unless ``partial``; a partial merge skips the stale-divergence check
-    (it needs every case of an entry) and says so in its warnings."""
-    from .runner import finalize
+    (it needs every case of an entry) and says so in its warnings. ``rejudge``: judge every
+    record again under the known divergences as they are now (runner.rejudge); one whole,
+    uninterrupted run so re-judged also gets the checks over the whole set."""
+    from .runner import finalize, rejudge as rejudge_record
     from .stability import enforce
 
     if not inputs:
@@ -160,8 +163,15 @@ def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = 
     if missing and not partial:
         raise RlxError(f"shard(s) {', '.join(missing)} missing (merge them too, or pass --partial)")
     results = [res.CaseResult.from_json(rec) for rec in union_cases(shards)]
+    if rejudge:
+        results = [rejudge_record(r) for r in results]
     meta, warnings = combine_meta(shards)
-    if not any(s.run.get("shard") for s in shards):
+    whole = len(shards) == 1 and not shards[0].run.get("interrupted")
+    if rejudge and whole and not shards[0].run.get("shard"):
+        warnings += finalize(results)
+        meta["bit_stability_failures"] = enforce(results)
+        meta["rejudged"] = True
+    elif not any(s.run.get("shard") for s in shards):
         warnings.append("merged whole runs (no shard labels): each keeps its own verdicts")
     elif missing:
         warnings.append(f"partial merge: shard(s) {', '.join(missing)} missing; stale known "

@@ -2,6 +2,7 @@
 results.json) is made from CaseResult records alone."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -120,6 +121,11 @@ def run_metadata(**kw: Any) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "numpy": numpy.__version__,
     }
+    for mod in ("ml_dtypes", "scipy"):  # the reference's libraries (an old ml_dtypes rounded differently)
+        try:
+            meta[mod] = importlib.import_module(mod).__version__
+        except ImportError:
+            meta[mod] = None
     try:
         import mlx.core as mx
 
@@ -186,6 +192,27 @@ class Journal:
         self._f.close()
         if remove:
             self.path.unlink(missing_ok=True)
+
+
+def load_resumable(report_dir: Path) -> tuple[dict[str, Any], list[CaseResult]]:
+    """What an earlier run in ``report_dir`` recorded: its results.json or results.json.gz (an
+    interrupted run's too), else the journal of one killed outright (a torn last line is dropped). Returns the
+    run metadata ({} from a journal) and the records."""
+    report_dir = Path(report_dir)
+    journal = report_dir / "results.partial.jsonl"
+    for done in (report_dir / "results.json", report_dir / "results.json.gz"):
+        if done.exists():
+            doc = load_results(done)
+            return doc["run"], [CaseResult.from_json(c) for c in doc["cases"]]
+    if journal.exists():
+        recs = []
+        for line in journal.read_text().splitlines():
+            try:
+                recs.append(CaseResult.from_json(json.loads(line)))
+            except (ValueError, TypeError):
+                break  # the line being written when the run died
+        return {}, recs
+    raise ValueError(f"{report_dir}: no results.json(.gz) or results.partial.jsonl to resume")
 
 
 def load_results(path: Path) -> dict[str, Any]:

@@ -105,7 +105,8 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
             timeout: float = DEFAULT_TIMEOUT, init: str | None = None,
             on_result: Callable[[res.CaseResult], None] | None = None, meta: dict | None = None,
             strict_divergences: bool = True, repeat: int = 1, env: dict[str, str] | None = None,
-            bundles: bool = False, shard: str | None = None) -> Run:
+            bundles: bool = False, shard: str | None = None,
+            prior: Sequence[res.CaseResult] = (), prior_wall_s: float = 0.0) -> Run:
     """Run cases in isolated workers, stream them to a journal, write results.json atomically
     (also after Ctrl-C: what was gathered is kept, with run.interrupted = true).
     ``strict_divergences``: turn the passes of stale known-divergence entries into xpass; only
@@ -114,11 +115,16 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     the records per id, keeping every repeat's output digest (stability.py).
     ``bundles``: write a repro bundle (bundle.py) for every case that fails the run, under
     ``report_dir/repro/``. ``shard``: "I/N", recorded in the metadata; the judgments over the
-    whole set (strict known divergences, bit-stability across modes) are left to ``merge``."""
-    run = Run()
+    whole set (strict known divergences, bit-stability across modes) are left to ``merge``.
+    ``prior``: records of an earlier, interrupted run of the same selection (``run --resume``),
+    kept as they are; ``cases`` are then the ones it did not reach, and every judgment over the
+    whole set is made over both."""
+    run = Run(results=list(prior))
     started = _dt.datetime.now(_dt.timezone.utc)
     t0 = time.perf_counter()
     journal = res.Journal(report_dir / "results.partial.jsonl") if report_dir else None
+    for r in prior if journal else ():  # a second kill still keeps them
+        journal.add(r)
     interrupted = False
     sink = None
     if bundles and report_dir is not None:
@@ -142,12 +148,15 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
         whole = shard is None  # a shard leaves the judgments over the whole set to merge
         warnings = finalize(run.results) if strict_divergences and whole and not interrupted else []
         bit_failures = stability.enforce(run.results) if whole else 0  # cases/bit_stable.toml: modes/repeats must agree
-        targets = sorted({str(c.target) for c in cases})
+        targets = sorted({str(c.target) for c in cases} | {_target_of(r) for r in prior})
         run.meta = res.run_metadata(
-            start=started.isoformat(timespec="seconds"), wall_s=round(time.perf_counter() - t0, 3),
-            targets=targets, backend=sorted({c.target.backend for c in cases}),
-            device=sorted({c.target.device for c in cases}), modes=sorted({c.target.mode for c in cases}),
-            seed="sha256(case input id)", cases_planned=len(cases), interrupted=interrupted,
+            start=started.isoformat(timespec="seconds"),
+            wall_s=round(prior_wall_s + time.perf_counter() - t0, 3),
+            targets=targets, backend=sorted({c.target.backend for c in cases} | {r.backend for r in prior}),
+            device=sorted({c.target.device for c in cases} | {r.device for r in prior}),
+            modes=sorted({c.target.mode for c in cases} | {r.mode for r in prior}),
+            seed="sha256(case input id)", cases_planned=len(cases) + len(prior), interrupted=interrupted,
+            **({"resumed": {"kept": len(prior), "ran": len(run.results) - len(prior)}} if prior else {}),
             warnings=warnings, repeat=repeat, same_worker_repeats=runner.same_worker_repeats,
             bit_stability_failures=bit_failures, **({"shard": shard} if shard else {}),
             **(meta or {}))
@@ -158,6 +167,23 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     if interrupted:
         raise KeyboardInterrupt
     return run
+
+
+def _target_of(r: res.CaseResult) -> str:
+    return r.id.rsplit("/", 1)[1]
+
+
+def resume_cases(cases: Sequence[Case], prior: Sequence[res.CaseResult]) -> list[Case]:
+    """The cases of ``cases`` that ``prior`` (an earlier run's records) has not run. Records
+    outside the selection mean the options differ from the first run's: an error, not a
+    silent mix of two selections."""
+    wanted = {c.id for c in cases}
+    stray = [r.id for r in prior if r.id not in wanted]
+    if stray:
+        raise RlxError(f"the run to resume holds {len(stray)} case(s) outside this selection "
+                       f"(e.g. {stray[0]}): resume with the first run's options")
+    done = {r.id for r in prior}
+    return [c for c in cases if c.id not in done]
 
 
 def iter_ids(cases: Sequence[Case]) -> Iterator[str]:

@@ -49,6 +49,17 @@ def runs(tmp_path_factory):
     for i in (1, 2, 3):
         out[f"s{i}"] = cli_run(*RUN, "--shard", f"{i}/3", "--report", str(root / f"s{i}"))
     out["merged"] = cli_run("merge", str(root / "merged"), *(str(root / f"s{i}") for i in (1, 2, 3)))
+    # a run killed outright after a third of its cases: its journal, the last line torn
+    whole_recs = json.loads((root / "whole" / "results.json").read_text())["cases"]
+    (root / "resumed").mkdir()
+    lines = [json.dumps(c) for c in whole_recs[: len(whole_recs) // 3]]
+    (root / "resumed" / "results.partial.jsonl").write_text("\n".join(lines) + '\n{"id": "neg/flo')
+    out["resumed"] = cli_run(*RUN, "--resume", str(root / "resumed"))
+    out["rejudged"] = cli_run("merge", str(root / "rejudged"), str(root / "whole"), "--rejudge")
+    out["stray"] = cli_run(*RUN[:2], "neg", *RUN[3:], "--resume", str(root / "resumed"))
+    stray = out.pop("stray")
+    assert stray.returncode == 2 and "outside this selection" in stray.stderr
+    assert len(stray.stderr.strip().splitlines()) <= 2, stray.stderr  # "resuming ..." + the error
     for name, p in out.items():
         assert p.returncode in (0, 1), f"{name}: {p.stdout}\n{p.stderr}"
     docs = {name: json.loads((root / name / "results.json").read_text()) for name in out}
@@ -69,6 +80,29 @@ def test_shards_merge_to_the_whole_run(runs):
     assert out["merged"].returncode == out["whole"].returncode == 1  # exp fails
     assert merged["run"]["targets"] == whole["run"]["targets"]
     assert [m["shard"] for m in merged["run"]["merged"]["shards"]] == ["1/3", "2/3", "3/3"]
+
+
+def test_resume_finishes_a_killed_run(runs):
+    """--resume keeps the journal's records, runs only the rest, and judges the whole set:
+    the same cases, outcomes (xpass included), summary and stability as the uninterrupted run."""
+    _, out, docs = runs
+    whole, resumed = docs["whole"], docs["resumed"]
+    assert out["resumed"].returncode == out["whole"].returncode
+    assert without_timing(resumed) == without_timing(whole)
+    assert resumed["summary"] == whole["summary"] and resumed.get("stability") == whole.get("stability")
+    kept = len(whole["cases"]) // 3
+    assert resumed["run"]["resumed"] == {"kept": kept, "ran": len(whole["cases"]) - kept}
+    assert resumed["run"]["cases_planned"] == len(whole["cases"])
+    assert resumed["run"]["targets"] == whole["run"]["targets"]
+
+
+def test_rejudge_gives_the_run_back_under_unchanged_data(runs):
+    """merge --rejudge takes every record back to what its run measured and judges it again:
+    with the known divergences unchanged, the run's own verdicts (xfail, xpass) come back."""
+    _, out, docs = runs
+    assert out["rejudged"].returncode == out["whole"].returncode
+    assert without_timing(docs["rejudged"]) == without_timing(docs["whole"])
+    assert docs["rejudged"]["summary"] == docs["whole"]["summary"] and docs["rejudged"]["run"]["rejudged"]
 
 
 def test_stale_divergence_is_judged_on_the_merged_set(runs):

@@ -116,6 +116,18 @@ def test_tasks_keep_input_ids_together():
         assert end != nxt
 
 
+def test_tasks_of_different_ops_are_dealt_in_turn():
+    """Workers side by side get different ops (a cold machine compiles each kernel once, not
+    in every worker at once); every case is still run exactly once, each op's in its order."""
+    cases = matrix.generate([matrix.Target("mlx", "cpu", "lazy")], ops=["neg", "exp", "abs"],
+                            dtypes=["float32"])
+    tasks = list(runner.Runner(workers=1, task_size=2)._tasks(cases))
+    assert sorted(c.id for t in tasks for c in t) == sorted(c.id for c in cases)
+    assert len({t[0].op for t in tasks[:3]}) == 3
+    for op in ("neg", "exp", "abs"):
+        assert [c for t in tasks for c in t if c.op == op] == [c for c in cases if c.op == op]
+
+
 # -- known divergences -------------------------------------------------------------------------------
 @pytest.mark.parametrize("outcome,expected", [
     ("pass", "pass"), ("fail", "xfail"), ("crash", "xfail"), ("timeout", "xfail"),
@@ -227,3 +239,21 @@ def test_precision_entry_cannot_excuse_a_crash(monkeypatch):
     monkeypatch.setattr(tolerances, "divergences", lambda: (prec, bug))
     crash = runner.apply_divergence(case, CaseResult.for_case(case, "crash", message="SIGSEGV"))
     assert crash.outcome == "xfail" and crash.divergence["entry"] == 2
+
+
+def test_undeclared_dtype_that_runs_fails_unless_the_input_is_empty():
+    """A dtype the backend declares unsupported but whose kernel runs and matches is a failure
+    (the declaration is wrong), except on empty inputs: nothing was computed, nothing is proved."""
+    from dataclasses import replace
+
+    from rlx_conformance.execute import run_case
+
+    cases = [replace(c, declared=False) for c in matrix.generate(
+        [matrix.Target("mlx", "cpu", "lazy")], ops=["neg"], dtypes=["float32"])]
+    empty = [c for c in cases if any(0 in s for s in c.shapes)]
+    full = [c for c in cases if c.vals == "random" and all(0 not in s for s in c.shapes)]
+    assert empty and full
+    r = run_case(full[0])
+    assert r.outcome == "fail" and "add the dtype" in r.message
+    r = run_case(empty[0])
+    assert r.outcome == "skip" and "proves nothing" in r.message

@@ -15,6 +15,9 @@ def register(sub) -> None:
     p.add_argument("reports", metavar="REPORT", nargs="+", help="shard report dirs or their results.json")
     p.add_argument("--partial", action="store_true",
                    help="merge even if shards of the split are missing (no stale-divergence check)")
+    p.add_argument("--rejudge", action="store_true",
+                   help="judge every record again under cases/known_divergences.toml as it is now "
+                        "(after editing it for a run that is dear to repeat, e.g. a GPU machine's)")
     p.set_defaults(fn=cmd_merge)
 
 
@@ -22,7 +25,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from .. import results as res
     from ..merge import merge
 
-    m = merge(args.out_dir, args.reports, partial=args.partial)
+    m = merge(args.out_dir, args.reports, partial=args.partial, rejudge=args.rejudge)
     summary = res.summarize(m.results)
     parts = [f"{summary[o]} {o}" for o in res.OUTCOMES if summary.get(o)]
     print(f"{summary['total']} cases from {len(args.reports)} report(s): " + ", ".join(parts))
