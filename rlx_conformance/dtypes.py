@@ -113,3 +113,22 @@ def iinfo(name: str) -> tuple[int, int]:
         return (0, 1)
     ii = np.iinfo(np_dtype(name))
     return (int(ii.min), int(ii.max))
+
+
+def narrow(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` as dtype ``name``, float narrowing rounded once to nearest even, whatever the
+    installed ml_dtypes does. ml_dtypes before 0.5 converts float64 to bfloat16 through float32
+    (two roundings: a value just above a tie between two bfloat16 numbers lands on the tie in
+    float32 and then goes to even), so the reference would depend on the machine's ml_dtypes.
+    Here float64 goes to float32 rounded to odd (truncate, then set the last bit if inexact),
+    which keeps the information a second rounding needs (16 spare bits), then to bfloat16."""
+    target = np_dtype(name)
+    if name != "bfloat16" or x.dtype != np.float64:
+        return x.astype(target, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = x.astype(np.float32)
+        wide = np.abs(f.astype(np.float64)) > np.abs(x)  # rounded away from zero: step back
+        f = np.where(wide, np.nextafter(f, np.float32(0)), f)
+        inexact = (f.astype(np.float64) != x) & ~np.isnan(x)
+        bits = f.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32).astype(target)

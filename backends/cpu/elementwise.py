@@ -290,10 +290,10 @@ def cast(x, *, to):
         return x != 0
     if dt.is_float(to):
         src = x.astype(np.float64) if x.dtype != np.float64 and x.dtype != np.bool_ else x
-        return src.astype(target)
+        return dt.narrow(src, to)
     if np.issubdtype(x.dtype, np.floating):
         lo, hi = dt.iinfo(to)
         t = np.trunc(x.astype(np.float64))
-        t = np.where(np.isfinite(t), np.clip(t, lo, hi), 0)
+        t = np.where(np.isfinite(t) & (t >= lo) & (t < float(hi + 1)), t, 0)  # the rest is undefined (masked)
         return t.astype(np.int64).astype(target) if to != "uint32" else t.astype(np.uint64).astype(target)
     return x.astype(target)

@@ -153,7 +153,9 @@ def _cast_undefined(inputs, attrs):
     lo, hi = dt.iinfo(to)
     with np.errstate(invalid="ignore"):
         t = np.trunc(x.astype(np.float64))
-        return ~np.isfinite(t) | (t < lo) | (t > hi)
+        # hi + 1 (a power of two) is exact in float64; hi itself is not for int64 (2^63 - 1
+        # rounds to 2^63, which ``t > hi`` would then let through as defined)
+        return ~np.isfinite(t) | (t < lo) | (t >= float(hi + 1))
 
 
 declare(name="cast", family="cast", doc="convert to dtype `to`: float->int truncates, ->bool is x != 0, "
