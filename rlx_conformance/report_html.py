@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from . import plots, stats
 from .diff import Diff
+from .pairing import Pairing
 from .lockfile import LockCheck
 from .records import SEVERITY, GroupKey, Record, Report, group_key, is_bad, measure, target, worst
 from .results import BAD, OUTCOMES, atomic_write_text
@@ -322,6 +323,15 @@ def oracle_view(cases: list[Record]) -> dict | None:
                      for r in bugs[:MAX_REF_BUGS]]}
 
 
+def pairing_view(p: Pairing | None) -> dict | None:
+    """The pair's totals and its groups where the two sides differ (worst first)."""
+    if p is None:
+        return None
+    groups = [g.to_json() for g in p.groups if any(g.counts[c] for c in ("differ", "a_only", "b_only", "both"))]
+    return {"a": p.a, "b": p.b, "totals": p.totals(), "groups": groups[:MAX_LIST],
+            "groups_total": len(groups)}
+
+
 def _meta(run: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
     """(label, value) rows for the header, and the TF32 setting if the run recorded one."""
     known = [("start", "started"), ("wall_s", "wall seconds"), ("platform", "platform"),
@@ -348,8 +358,9 @@ def _meta(run: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
 
 def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None = None,
             out_path: Path | None = None, with_plots: bool = True,
-            exhaustive: dict | None = None) -> dict[str, Any]:
-    """``exhaustive``: the sweep's document; default: exhaustive.json beside results.json, if any."""
+            exhaustive: dict | None = None, pairing: Pairing | None = None) -> dict[str, Any]:
+    """``exhaustive``: the sweep's document; default: exhaustive.json beside results.json, if any.
+    ``pairing``: this run paired with a run on another device (pairing.py)."""
     cases = report.cases
     out_dir = (out_path or report.dir / "report.html").resolve().parent
     targets = sorted({target(r) for r in cases} | set(report.run.get("targets") or []), key=_target_sort)
@@ -379,6 +390,7 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
         "diff_counts": diff.counts() if diff is not None else None, "max_list": MAX_LIST,
         "plots": dict.fromkeys(("hist", "worst", "outcomes")), "worst": stats.worst_ops(cases),
         "stability": stability_view(report), "oracle": oracle_view(cases),
+        "pairing": pairing_view(pairing),
         "exhaustive": exhaustive_view(exhaustive if exhaustive is not None else _exhaustive_doc(report.dir)),
     }
     if with_plots:

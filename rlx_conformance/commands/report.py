@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .. import records, report_html
 from ..diff import compare
+from ..pairing import pair
 from .diff import add_diff_options, check_lock, thresholds
 
 
@@ -16,7 +17,8 @@ def cmd_report(args) -> int:
     if d is not None:
         d.lock = lock
     out = Path(args.out) if args.out else rep.dir / "report.html"
-    report_html.write(rep, out, diff=d, lock=lock, with_plots=not args.no_plots)
+    p = pair(rep, records.load(args.pair)) if args.pair else None
+    report_html.write(rep, out, diff=d, lock=lock, with_plots=not args.no_plots, pairing=p)
     print(f"report: {out}")
     return 0
 
@@ -27,6 +29,8 @@ def register(sub) -> None:
     p.add_argument("results", metavar="RESULTS_JSON_OR_DIR")
     p.add_argument("--out", metavar="FILE", help="HTML file to write (default: report.html beside results.json)")
     p.add_argument("--baseline", metavar="DIR", help="also show the diff against this report dir or results.json")
+    p.add_argument("--pair", metavar="DIR", help="also pair the run, case by case, with this run of the "
+                   "backend on another device (e.g. MLX gpu with MLX cpu: rlx-conformance pair)")
     p.add_argument("--no-plots", action="store_true", help="leave the plots out (faster; no matplotlib)")
     add_diff_options(p, lock_update=False)
     p.set_defaults(fn=cmd_report)
