@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .records import Record, Report, is_bad, key_str, measure
+from .records import Record, Report, brief, is_bad, key_str, measure
 from .stats import Dist, distributions
 
 SCHEMA = "rlx-conformance/diff/v1"
@@ -50,14 +50,6 @@ _EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "fl
 
 def _eps(dtype: str) -> float:
     return _EPS.get(dtype, _EPS["float64"])
-
-
-def _brief(rec: Record | None) -> dict[str, Any]:
-    if rec is None:
-        return {"outcome": None}
-    msg = (rec.get("message") or "").splitlines()
-    return {"outcome": rec.get("outcome"), "max_ulp": rec.get("max_ulp"),
-            "max_rel_err": rec.get("max_rel_err"), "message": msg[0][:300] if msg else ""}
 
 
 @dataclass
@@ -109,15 +101,15 @@ def compare(base: Report | None, new: Report, thresholds: Thresholds = Threshold
     d.removed = sorted(set(b) - set(n))
     for cid in d.added:
         if is_bad(n[cid].get("outcome")):
-            d.new_failures.append({"id": cid, "base": None, "new": _brief(n[cid])})
+            d.new_failures.append({"id": cid, "base": None, "new": brief(n[cid])})
     common = sorted(set(b) & set(n))
     for cid in common:
         old, cur = b[cid], n[cid]
         o, c = old.get("outcome"), cur.get("outcome")
         if is_bad(c) and not is_bad(o):
-            d.new_failures.append({"id": cid, "base": _brief(old), "new": _brief(cur)})
+            d.new_failures.append({"id": cid, "base": brief(old), "new": brief(cur)})
         elif is_bad(o) and not is_bad(c):
-            d.fixed.append({"id": cid, "base": _brief(old), "new": _brief(cur)})
+            d.fixed.append({"id": cid, "base": brief(old), "new": brief(cur)})
         elif o != c:
             d.outcome_changes.append({"id": cid, "base": o, "new": c})
         if is_bad(o) and is_bad(c):

@@ -15,11 +15,12 @@ side's plain case). Classes, per pair:
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .records import Record, Report, measure
+from .records import Record, Report, brief, measure
+from .stability import input_id
 
 SCHEMA = "rlx-conformance/pair/v1"
 CLASSES = ("identical", "differ", "a_only", "b_only", "both", "unpaired")
@@ -29,8 +30,7 @@ BAD = ("fail", "xfail", "error", "crash", "timeout", "contract")
 
 def pair_key(rec: Record) -> tuple[str, str]:
     """(input id, backend-mode): the case id without its target's device and variant."""
-    prefix, target = rec["id"].rsplit("/", 1)
-    return prefix, f"{rec.get('backend')}-{rec.get('mode')}"
+    return input_id(rec), f"{rec.get('backend')}-{rec.get('mode')}"
 
 
 def classify(a: Record | None, b: Record | None) -> str:
@@ -118,7 +118,7 @@ def pair(a: Report, b: Report) -> Pairing:
         cls = classify(ra, rb)
         group(ra).add(cls, ra, rb)
         if cls not in ("identical", "unpaired"):
-            records.append({"class": cls, "a": _brief(ra), "b": _brief(rb)})
+            records.append({"class": cls, "a": _case(ra), "b": _case(rb)})
     for k, rb in b_by_key.items():
         if k not in seen_b:
             group(rb).add("unpaired", None, rb)
@@ -127,7 +127,5 @@ def pair(a: Report, b: Report) -> Pairing:
     return Pairing(_side(a), _side(b), order, records)
 
 
-def _brief(rec: Record) -> dict[str, Any]:
-    msg = (rec.get("message") or "").splitlines()
-    return {"id": rec["id"], "outcome": rec.get("outcome"), "max_ulp": rec.get("max_ulp"),
-            "digest": rec.get("output_digest"), "message": msg[0][:200] if msg else ""}
+def _case(rec: Record) -> dict[str, Any]:
+    return {"id": rec["id"], "digest": rec.get("output_digest"), **brief(rec)}

@@ -88,6 +88,15 @@ def measure(v: Any) -> float | None:
     return None if math.isnan(v) else v
 
 
+def brief(rec: Record | None) -> dict[str, Any]:
+    """A record in short, for the lists of diff.json and pair.json: outcome, errors, first line."""
+    if rec is None:
+        return {"outcome": None}
+    msg = (rec.get("message") or "").splitlines()
+    return {"outcome": rec.get("outcome"), "max_ulp": rec.get("max_ulp"),
+            "max_rel_err": rec.get("max_rel_err"), "message": msg[0][:300] if msg else ""}
+
+
 def target(rec: Record) -> str:
     """The target as case ids spell it (matrix.Target's str), variant included when there is one."""
     base = f"{rec['backend']}-{rec['device']}-{rec['mode']}"

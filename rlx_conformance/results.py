@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 

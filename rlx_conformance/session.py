@@ -148,7 +148,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
         whole = shard is None  # a shard leaves the judgments over the whole set to merge
         warnings = finalize(run.results) if strict_divergences and whole and not interrupted else []
         bit_failures = stability.enforce(run.results) if whole else 0  # cases/bit_stable.toml: modes/repeats must agree
-        targets = sorted({str(c.target) for c in cases} | {_target_of(r) for r in prior})
+        targets = sorted({str(c.target) for c in cases} | {str(Target(r.backend, r.device, r.mode, r.variant)) for r in prior})
         run.meta = res.run_metadata(
             start=started.isoformat(timespec="seconds"),
             wall_s=round(prior_wall_s + time.perf_counter() - t0, 3),
@@ -167,10 +167,6 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     if interrupted:
         raise KeyboardInterrupt
     return run
-
-
-def _target_of(r: res.CaseResult) -> str:
-    return r.id.rsplit("/", 1)[1]
 
 
 def resume_cases(cases: Sequence[Case], prior: Sequence[res.CaseResult]) -> list[Case]:
