@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import importlib
 
-from rlx_conformance.errors import RlxError
+from rlx_conformance.core.errors import RlxError
 
-from .base import Backend, KernelEntry  # noqa: F401
+from rlx_conformance.backends.base import Backend, KernelEntry  # noqa: F401
 
-BACKENDS = {"cpu": "backends.cpu", "mlx": "backends.mlx"}
+BACKENDS = {"cpu": "rlx_conformance.backends.cpu", "mlx": "rlx_conformance.backends.mlx"}
 
 
 def get_backend(name: str) -> Backend:

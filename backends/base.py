@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from rlx_conformance import dtypes as dt
-from rlx_conformance.errors import (KernelContractError, RegistrationError, SpecError,
-                                    UnsupportedError)
-from rlx_conformance.registry import REQUIRED, OpSpec, OutSpec, get_op
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.core.errors import KernelContractError, RegistrationError, SpecError, UnsupportedError
+from rlx_conformance.spec.registry import REQUIRED, OpSpec, OutSpec, get_op
 
 
 @dataclass
@@ -78,7 +77,7 @@ class Backend:
     modes: tuple[str, ...] = ("eager",)
     default_mode = "eager"
     # Devices on which the backend DOCUMENTS flushing subnormal results to zero (FTZ). Only there
-    # may the precise oracle (rlx_conformance/accuracy.py) accept a zero where the exact result
+    # may the precise oracle (rlx_conformance/judge/accuracy.py) accept a zero where the exact result
     # is subnormal; the case then records ftz_used. A property of the arithmetic, not a tolerance.
     ftz_devices: frozenset[str] = frozenset()
 

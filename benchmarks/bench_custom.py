@@ -30,8 +30,8 @@ import numpy as np
 
 
 def _inputs(op: str, size: int):
-    from rlx_conformance import csr
-    from rlx_conformance.values import Stream
+    from rlx_conformance.spec import csr
+    from rlx_conformance.spec.values import Stream
 
     s = Stream(f"bench/{op}/{size}")
     f32 = np.float32
@@ -90,11 +90,11 @@ def main() -> None:
 
     import mlx.core as mx
 
-    import backends
-    from backends.mlx import to_mlx
-    from backends.mlx import delegate
-    from rlx_conformance import dtypes as dt
-    from rlx_conformance.registry import all_ops
+    from rlx_conformance import backends
+    from rlx_conformance.backends.mlx import to_mlx
+    from rlx_conformance.backends.mlx import delegate
+    from rlx_conformance.core import dtypes as dt
+    from rlx_conformance.spec.registry import all_ops
 
     cpu, mlx = backends.get_backend("cpu"), backends.get_backend("mlx")
     dev = mx.gpu if args.device == "gpu" else mx.cpu

@@ -1,4 +1,4 @@
-"""Benchmark of the exhaustive sweep (rlx_conformance/exhaustive.py): every unary float op over
+"""Benchmark of the exhaustive sweep (rlx_conformance/run/exhaustive.py): every unary float op over
 all float16 and bfloat16 bit patterns on one target, plus the CPU reference.
 
     python benchmarks/bench_exhaustive.py [--target mlx-cpu-lazy] [--workers 2] [--ops GLOB]
@@ -28,8 +28,8 @@ def main() -> None:
     ap.add_argument("--no-reference", action="store_true")
     args = ap.parse_args()
 
-    from rlx_conformance.exhaustive import run_exhaustive
-    from rlx_conformance.matrix import Target
+    from rlx_conformance.run.exhaustive import run_exhaustive
+    from rlx_conformance.generate.matrix import Target
 
     cache = Path(args.cache) if args.cache else Path(tempfile.gettempdir()) / "rlx-bench-oracle"
     if args.cold and cache.exists():

@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=1, help="run every K-th case")
     args = ap.parse_args()
 
-    from rlx_conformance import session
+    from rlx_conformance.run import session
 
     t0 = time.perf_counter()
     cases = session.build_cases(session.backend_targets("mlx", args.device, args.mode),

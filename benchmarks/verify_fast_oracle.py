@@ -1,4 +1,4 @@
-"""The full check of the oracle's fast path (rlx_conformance/precise_fast.py): for every unary op
+"""The full check of the oracle's fast path (rlx_conformance/judge/precise_fast.py): for every unary op
 and attribute combination the exhaustive sweep covers, fast path + MPFR fallback against pure
 MPFR on ALL 65,536 float16 and ALL 65,536 bfloat16 inputs, bit for bit (NaN payloads and the
 sign of zero included; NaN against NaN is also reported apart).
@@ -25,9 +25,9 @@ def check(job: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
     """One sweep: fast + fallback and pure MPFR on every input pattern of ``dtype``."""
     import numpy as np
 
-    from rlx_conformance import dtypes as dt
-    from rlx_conformance import exhaustive as ex
-    from rlx_conformance import precise, precise_fast
+    from rlx_conformance.core import dtypes as dt
+    from rlx_conformance.run import exhaustive as ex
+    from rlx_conformance.judge import precise, precise_fast
 
     op, attrs, dtype = job
     out = attrs.get("to", dtype) if op == "cast" else dtype
@@ -63,8 +63,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     args = ap.parse_args()
 
-    from rlx_conformance import exhaustive as ex
-    from rlx_conformance.registry import get_op
+    from rlx_conformance.run import exhaustive as ex
+    from rlx_conformance.spec.registry import get_op
 
     jobs = [(op, attrs, d) for op, attrs in ex.unary_ops(args.ops.split(",") if args.ops else None)
             for d in ("float16", "bfloat16") if d in get_op(op).dtypes]

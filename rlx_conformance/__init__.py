@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (KernelContractError, RegistrationError, RlxError, SpecError,  # noqa: F401
-                     UnknownOpError, UnsupportedError)
+from rlx_conformance.core.errors import KernelContractError, RegistrationError, RlxError, SpecError, UnknownOpError, UnsupportedError
 
 __version__ = "0.1.0"
 
@@ -21,7 +20,7 @@ def run_op(name: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | N
     """Run one op once, in this process. Inputs are numpy arrays (bfloat16 as
     ml_dtypes.bfloat16); outputs are numpy arrays in the dtypes the registry declares.
     Raises SpecError (bad shapes, dtypes or attributes), UnknownOpError, UnsupportedError."""
-    from backends import get_backend
+    from rlx_conformance.backends import get_backend
 
     b = get_backend(backend)
     if mode not in b.modes:

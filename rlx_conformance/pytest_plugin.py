@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from . import results as res
-from .errors import RlxError
+from rlx_conformance.core import results as res
+from rlx_conformance.core.errors import RlxError
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,7 +41,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 
 class MatrixFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
-        from .session import backend_targets, build_cases
+        from rlx_conformance.run.session import backend_targets, build_cases
 
         with self.path.open("rb") as f:
             spec = tomllib.load(f).get("matrix", {})
@@ -107,12 +107,12 @@ class _Feed:
         self.all: list[res.CaseResult] = []
         opt = session.config.getoption
         inproc = bool(os.environ.get("PYTEST_XDIST_WORKER"))
-        from .runner import Runner
+        from rlx_conformance.run.runner import Runner
 
         report = opt("--rlx-report")
         sink = None
         if report:  # with a report dir, failing cases leave repro bundles in it, as for `run`
-            from .bundle import BundleSink
+            from rlx_conformance.run.bundle import BundleSink
 
             sink = BundleSink(Path(report), timeout=opt("--rlx-timeout"))
         self.runner = Runner(workers=0 if inproc else opt("--rlx-workers"), timeout=opt("--rlx-timeout"),
@@ -165,11 +165,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     feed = session.stash.get(_KEY, None)
     if feed is None:
         return
-    from .runner import finalize
+    from rlx_conformance.run.runner import finalize
 
     full = not session.config.option.keyword and not os.environ.get("PYTEST_XDIST_WORKER")
     warnings = finalize(feed.all) if full else []
-    from .stability import enforce
+    from rlx_conformance.judge.stability import enforce
 
     enforce(feed.all)  # cases/bit_stable.toml: the modes of a recorded group must agree bit-wise
     unstable = [r for r in feed.all if r.outcome == "fail" and r.message.startswith("bit-stability:")]

@@ -34,7 +34,7 @@ def broken_neg(x):
 
 
 def install_broken_neg() -> None:
-    from backends import get_backend
+    from rlx_conformance.backends import get_backend
 
     mlx = get_backend("mlx")
     old = mlx.kernels["neg"]
@@ -65,7 +65,7 @@ def poisoning_neg(x):
 
 
 def install_poisoning_neg() -> None:
-    from backends import get_backend
+    from rlx_conformance.backends import get_backend
 
     mlx = get_backend("mlx")
     old = mlx.kernels["neg"]

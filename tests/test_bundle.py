@@ -1,4 +1,4 @@
-"""Repro bundles (rlx_conformance/bundle.py): the arrays, case.json, and a repro.py that runs in a
+"""Repro bundles (rlx_conformance/run/bundle.py): the arrays, case.json, and a repro.py that runs in a
 clean interpreter without rlx_conformance, reproduces the harness's MLX call bit for bit and its
 verdict (exit 1 while failing, 0 when passing).
 
@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends import get_backend
-from rlx_conformance import matrix
-from rlx_conformance.bundle import BundleSink, bundle_name, reproduce
-from rlx_conformance.portable import standalone
-from rlx_conformance.runner import Runner
-from rlx_conformance.session import find_case, supports
+from rlx_conformance.backends import get_backend
+from rlx_conformance.generate import matrix
+from rlx_conformance.run.bundle import BundleSink, bundle_name, reproduce
+from rlx_conformance.run.portable import standalone
+from rlx_conformance.run.runner import Runner
+from rlx_conformance.run.session import find_case, supports
 
 WRONG_SIZE = 7  # "odd" [[7]]: the test kernel below returns wrong values
 CRASH_SIZE = 15  # "matrix" [[3, 5]]: the test kernel below dies by SIGSEGV

@@ -1,4 +1,4 @@
-"""rlx_conformance.compare: ULP distance and the per-output verdict.
+"""rlx_conformance.judge.compare: ULP distance and the per-output verdict.
 
 ULP distances are checked against oracles that do not share the implementation's bit trick:
 IEEE layout facts, np.nextafter, and (for the 16-bit types) the exhaustive sorted list of values.
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlx_conformance.compare import EXACT, Tolerance, compare, ulp_distance, ulp_size
+from rlx_conformance.judge.compare import EXACT, Tolerance, compare, ulp_distance, ulp_size
 
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 NP = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import scipy.signal
 
-from backends import get_backend
-from rlx_conformance import matrix
-from rlx_conformance.errors import SpecError
+from rlx_conformance.backends import get_backend
+from rlx_conformance.generate import matrix
+from rlx_conformance.core.errors import SpecError
 from rlx_conformance.ops.conv import conv_bound, conv_params, pool_params
-from rlx_conformance.registry import get_op
+from rlx_conformance.spec.registry import get_op
 
 CPU = get_backend("cpu")
 T = matrix.Target("mlx", "cpu", "eager")

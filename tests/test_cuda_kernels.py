@@ -15,12 +15,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import backends
-from backends.mlx import cuda_kernels as ck
-from backends.mlx import to_mlx, to_numpy
-from rlx_conformance import dtypes as dt
-from rlx_conformance import matrix
-from rlx_conformance.registry import get_op
+from rlx_conformance import backends
+from rlx_conformance.backends.mlx import cuda_kernels as ck
+from rlx_conformance.backends.mlx import to_mlx, to_numpy
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.generate import matrix
+from rlx_conformance.spec.registry import get_op
 
 CPU = backends.get_backend("cpu")
 OPS = ["onnx.ScatterElements", "onnx.GatherElements", "onnx.GatherND", "onnx.ScatterND",
@@ -146,7 +146,7 @@ def _emulated_op(op, inputs, attrs):
 
 
 def _judge(case, inputs, expected, actual):
-    from rlx_conformance.execute import judge
+    from rlx_conformance.run.execute import judge
 
     ok, comps, _ = judge(case, inputs, expected, actual)
     return ok, "; ".join(c.message for c in comps if c.message)
@@ -253,9 +253,9 @@ def test_only_cpu_stream_kernels_name_the_cpu_stream():
 
 
 def test_tf32_variants_and_ids():
-    from rlx_conformance.matrix import Target
-    from rlx_conformance.runner import _variant_groups
-    from rlx_conformance.session import build_cases, find_case
+    from rlx_conformance.generate.matrix import Target
+    from rlx_conformance.run.runner import _variant_groups
+    from rlx_conformance.run.session import build_cases, find_case
 
     mlx = backends.get_backend("mlx")
     assert mlx.variants("mat_mul", "float32", "gpu", "both") == ["tf32:on", "tf32:off"]

@@ -1,4 +1,4 @@
-"""The custom-op extension API (rlx_conformance.custom): RLX's attribute byte codec, namespaced
+"""The custom-op extension API (rlx_conformance.spec.custom_ops): RLX's attribute byte codec, namespaced
 names, declaration and kernel-registration errors, host value checks on both backends, and the
 MLX host delegate (declared dtypes, forced delegation, native/delegated marking).
 
@@ -15,13 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import backends
-from backends.cpu import CpuBackend
-from rlx_conformance import infer
-from rlx_conformance.custom import (CUSTOM, FORMATS, Codec, Field, custom, custom_op, decode_attrs,
-                                    encode_attrs)
-from rlx_conformance.errors import RegistrationError, SpecError, UnknownOpError
-from rlx_conformance.registry import Attr, Input, Registry, get_op
+from rlx_conformance import backends
+from rlx_conformance.backends.cpu import CpuBackend
+from rlx_conformance.spec import infer
+from rlx_conformance.spec.custom_ops import CUSTOM, FORMATS, Codec, Field, custom, custom_op, decode_attrs, encode_attrs
+from rlx_conformance.core.errors import RegistrationError, SpecError, UnknownOpError
+from rlx_conformance.spec.registry import Attr, Input, Registry, get_op
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 I32 = st.integers(-2**31, 2**31 - 1)
@@ -270,8 +269,8 @@ def _csr64():
 
 
 def test_delegate_passes_declared_dtypes_exactly():
-    from backends.mlx.delegate import make_delegate
-    from backends.mlx import to_mlx
+    from rlx_conformance.backends.mlx.delegate import make_delegate
+    from rlx_conformance.backends.mlx import to_mlx
 
     ins = _csr64()
     mx_args = [to_mlx(a, d) for a, d in zip(ins, ["float64", "int32", "int32", "float64"])]
@@ -286,8 +285,9 @@ def test_delegate_passes_declared_dtypes_exactly():
 
 
 def test_forced_delegation_runs_and_is_marked():
-    from backends.mlx import delegate
-    from rlx_conformance import execute, matrix
+    from rlx_conformance.backends.mlx import delegate
+    from rlx_conformance.run import execute
+    from rlx_conformance.generate import matrix
 
     mlx = backends.get_backend("mlx")
     case = next(c for c in matrix.generate([matrix.Target("mlx", "cpu", "eager")],
@@ -311,7 +311,7 @@ def test_forced_delegation_runs_and_is_marked():
 
 
 def test_force_delegate_environment_variable(monkeypatch):
-    from backends.mlx import delegate
+    from rlx_conformance.backends.mlx import delegate
 
     for v, want in [("", None), ("0", None), ("1", ["*"]), ("all", ["*"]),
                     ("onnx.*, rlx_sparse.mat_vec", ["onnx.*", "rlx_sparse.mat_vec"])]:
@@ -321,8 +321,8 @@ def test_force_delegate_environment_variable(monkeypatch):
 
 def test_fallback_delegate_for_a_custom_op_without_mlx_kernel(monkeypatch):
     """A contributed custom op with only a CPU kernel gets a delegated MLX kernel."""
-    from backends.mlx import delegate
-    from rlx_conformance import registry
+    from rlx_conformance.backends.mlx import delegate
+    from rlx_conformance.spec import registry
 
     name = "test_delegate.Twice"
     spec = custom_op(name, inputs=(Input("x"),), infer=infer.same, dtypes=("float64", "float32"))

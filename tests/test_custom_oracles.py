@@ -20,11 +20,12 @@ import textwrap
 import numpy as np
 import pytest
 
-import backends
-from rlx_conformance import csr, matrix
-from rlx_conformance.registry import get_op
+from rlx_conformance import backends
+from rlx_conformance.spec import csr
+from rlx_conformance.generate import matrix
+from rlx_conformance.spec.registry import get_op
 
-from rlx_conformance import oracles
+from rlx_conformance.judge import onnx_oracles as oracles
 
 HAVE_ONNX = oracles.available()["onnx"]
 needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="onnx is not installed")
@@ -166,7 +167,7 @@ def test_mat_vec_against_exact_row_sums(c):
         except OverflowError:
             return np.nan
     exact = np.array([exact_sum(prod[rp[r]:rp[r + 1]]) for r in range(rp.size - 1)])
-    from rlx_conformance.custom_judges import matvec_bound
+    from rlx_conformance.judge.custom_checks import matvec_bound
     bound = matvec_bound(ins, c.dtype) / 2  # one implementation's share
     with np.errstate(all="ignore"):
         err = np.abs(y.astype(np.float64) - exact.astype(values.dtype).astype(np.float64))

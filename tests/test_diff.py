@@ -7,8 +7,9 @@ import json
 import pytest
 
 from results_fixtures import group, result, write
-from rlx_conformance import cli, records
-from rlx_conformance.diff import Thresholds, compare
+from rlx_conformance.cli import main as cli
+from rlx_conformance.report import records
+from rlx_conformance.report.diff import Thresholds, compare
 
 
 def diff_of(tmp_path, base, new, **kw):

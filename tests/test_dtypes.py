@@ -7,7 +7,7 @@ import gmpy2
 import ml_dtypes
 import numpy as np
 
-from rlx_conformance import dtypes as dt
+from rlx_conformance.core import dtypes as dt
 
 BF16 = gmpy2.context(precision=8, emin=-132, emax=128, subnormalize=True,
                      round=gmpy2.RoundToNearest)

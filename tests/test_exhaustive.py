@@ -1,4 +1,4 @@
-"""Exhaustive mode (rlx_conformance/exhaustive.py): a fast sweep of two ops, the disk cache, the
+"""Exhaustive mode (rlx_conformance/run/exhaustive.py): a fast sweep of two ops, the disk cache, the
 report, and crash isolation (a worker killed by a signal is a crash row; the sweep goes on)."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from rlx_conformance import exhaustive as ex
-from rlx_conformance.matrix import Target
+from rlx_conformance.run import exhaustive as ex
+from rlx_conformance.generate.matrix import Target
 
 TARGET = Target("mlx", "cpu", "lazy")
 

@@ -1,4 +1,4 @@
-"""Merging shard reports (rlx_conformance/merge.py): the shards of a run, merged, give the cases,
+"""Merging shard reports (rlx_conformance/run/merge.py): the shards of a run, merged, give the cases,
 summary and stability section of the whole run, the checks that need the whole set included.
 
 One module fixture runs a small matrix (neg and exp, float64, eager and lazy) through the CLI
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from rlx_conformance import cli
-from rlx_conformance import results as res
-from rlx_conformance.errors import RlxError
-from rlx_conformance.merge import merge
+from rlx_conformance.cli import main as cli
+from rlx_conformance.core import results as res
+from rlx_conformance.core.errors import RlxError
+from rlx_conformance.run.merge import merge
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = ("duration_s", "backend_s")

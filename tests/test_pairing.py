@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlx_conformance import cli, records, report_html
-from rlx_conformance.pairing import classify, pair, pair_key
+from rlx_conformance.cli import main as cli
+from rlx_conformance.report import records, html as report_html
+from rlx_conformance.report.pairing import classify, pair, pair_key
 
 P = "exp/float32/shape:7/vals:random"
 
@@ -47,7 +48,7 @@ def test_pairs_by_input_and_mode_and_variant_pairs_with_the_plain_case(tmp_path)
 
 
 def test_cli_writes_pair_json_and_the_report_shows_the_pair(tmp_path):
-    from rlx_conformance import results as res
+    from rlx_conformance.core import results as res
 
     for name, cases in (("gpu", [rec("mlx-gpu-lazy", "xfail")]), ("cpu", [rec("mlx-cpu-lazy")])):
         res.atomic_write_text(tmp_path / name / "results.json", json.dumps(

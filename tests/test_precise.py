@@ -1,5 +1,5 @@
-"""The precise oracle (rlx_conformance/precise.py), the accuracy budgets (cases/accuracy.toml,
-rlx_conformance/accuracy.py) and the reference-bug verdict of a case."""
+"""The precise oracle (rlx_conformance/judge/precise.py), the accuracy budgets (cases/accuracy.toml,
+rlx_conformance/judge/accuracy.py) and the reference-bug verdict of a case."""
 from __future__ import annotations
 
 import math
@@ -9,9 +9,11 @@ import mpmath
 import numpy as np
 import pytest
 
-from rlx_conformance import accuracy, data, matrix, precise
-from rlx_conformance import dtypes as dt
-from rlx_conformance.errors import RlxError
+from rlx_conformance.judge import accuracy, precise
+from rlx_conformance.core import data
+from rlx_conformance.generate import matrix
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.core.errors import RlxError
 
 BF16 = ml_dtypes.bfloat16
 
@@ -189,7 +191,7 @@ def _case(op="exp", dtype="float32"):
 
 
 def test_healthy_case_records_oracle_fields():
-    from rlx_conformance.execute import run_case
+    from rlx_conformance.run.execute import run_case
 
     r = run_case(_case("sqrt"))
     assert r.outcome == "pass"
@@ -200,10 +202,10 @@ def test_healthy_case_records_oracle_fields():
 def test_wrong_reference_is_a_reference_bug(monkeypatch):
     """A deliberately wrong reference kernel (exp off by 3 ulp in float32, like a float32 libm):
     the case errors as a reference bug, and the oracle sides with the (right) target."""
-    from backends import get_backend
+    from rlx_conformance.backends import get_backend
 
-    from rlx_conformance import execute
-    from rlx_conformance.runner import apply_divergence
+    from rlx_conformance.run import execute
+    from rlx_conformance.run.runner import apply_divergence
 
     cpu = get_backend("cpu")
     entry = cpu.kernels["sqrt"]
@@ -233,7 +235,7 @@ def test_wrong_reference_is_a_reference_bug(monkeypatch):
 def test_failing_case_says_which_side_the_oracle_supports():
     """MLX's float32 exp is over budget: the failing case (a known divergence) says the oracle
     supports the reference."""
-    from rlx_conformance.execute import run_case
+    from rlx_conformance.run.execute import run_case
 
     r = run_case(_case("exp"))
     assert r.outcome == "fail"
@@ -243,7 +245,7 @@ def test_failing_case_says_which_side_the_oracle_supports():
 
 
 def test_oracle_switch(monkeypatch):
-    from rlx_conformance.execute import run_case
+    from rlx_conformance.run.execute import run_case
 
     monkeypatch.setenv("RLX_CONFORMANCE_ORACLE", "off")
     r = run_case(_case("sqrt"))
@@ -253,7 +255,7 @@ def test_oracle_switch(monkeypatch):
 def test_reference_gelu_float64_within_budget():
     """Regression: the float64 reference gelu/gelu_approx lost up to 277 / 612 ulp (argument
     rounding amplified by erfc / exp) before the oracle found it."""
-    from backends import get_backend
+    from rlx_conformance.backends import get_backend
 
     x = np.concatenate([np.linspace(-39, 5, 3001), [-17.0, -9.76, -2.547, -37.7, -20.88]])
     for op in ("gelu", "gelu_approx"):

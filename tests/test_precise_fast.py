@@ -1,4 +1,4 @@
-"""The oracle's fast path (rlx_conformance/precise_fast.py): float64 interval arithmetic that
+"""The oracle's fast path (rlx_conformance/judge/precise_fast.py): float64 interval arithmetic that
 decides an element only where it proves MPFR's answer. Checked here on a subset of every sweep
 the exhaustive mode runs (every 61st float16 / bfloat16 pattern, the neighbours of each op's
 thresholds, and the decided inputs closest to a rounding boundary), against pure MPFR, bit for
@@ -16,11 +16,11 @@ import gmpy2
 import numpy as np
 import pytest
 
-from rlx_conformance import dtypes as dt
-from rlx_conformance import exhaustive as ex
-from rlx_conformance import precise
-from rlx_conformance import precise_fast as pf
-from rlx_conformance.registry import get_op
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.run import exhaustive as ex
+from rlx_conformance.judge import precise
+from rlx_conformance.judge import precise_fast as pf
+from rlx_conformance.spec.registry import get_op
 
 SWEEPS = [(op, attrs, d) for op, attrs in ex.unary_ops() for d in ("float16", "bfloat16")
           if d in get_op(op).dtypes]

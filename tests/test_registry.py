@@ -10,11 +10,10 @@ import re
 import numpy as np
 import pytest
 
-import backends
-from backends.cpu import CpuBackend
-from rlx_conformance.errors import (KernelContractError, RegistrationError, SpecError,
-                                    UnknownOpError, UnsupportedError)
-from rlx_conformance.registry import get_op
+from rlx_conformance import backends
+from rlx_conformance.backends.cpu import CpuBackend
+from rlx_conformance.core.errors import KernelContractError, RegistrationError, SpecError, UnknownOpError, UnsupportedError
+from rlx_conformance.spec.registry import get_op
 
 
 def validate(op, shapes, dtypes, attrs=None):
@@ -197,7 +196,7 @@ def test_low_precision_kernel_sees_float32_and_output_is_rounded_back():
 
 @pytest.mark.parametrize("mode", ["eager", "lazy", "compiled"])
 def test_mlx_kernel_contract(mode):
-    from backends.mlx import MlxBackend
+    from rlx_conformance.backends.mlx import MlxBackend
 
     b = MlxBackend()
     b.register("neg", lambda x: x[:1])
@@ -219,13 +218,13 @@ FACTORIZATION_ERRORS = {
 
 
 def _all_op_names():
-    from rlx_conformance.registry import all_ops
+    from rlx_conformance.spec.registry import all_ops
 
     return [s.name for s in all_ops()]
 
 
 def test_every_op_declares_error_inputs():
-    from rlx_conformance.registry import all_ops
+    from rlx_conformance.spec.registry import all_ops
 
     missing = [s.name for s in all_ops() if s.error_inputs is None or not s.error_inputs()]
     assert not missing, f"ops without error inputs: {missing}"
@@ -234,9 +233,9 @@ def test_every_op_declares_error_inputs():
 @pytest.mark.parametrize("op", _all_op_names())
 def test_error_inputs_are_rejected_by_the_harness_prevalidation(op):
     """Each declared error input is rejected by the call validate uses for "harness rejects"
-    (backends.base.prevalidate), with a SpecError naming the op; the few errors only a
+    (rlx_conformance.backends.base.prevalidate), with a SpecError naming the op; the few errors only a
     factorization finds pass it, and the CPU reference rejects them instead."""
-    from backends.base import prevalidate
+    from rlx_conformance.backends.base import prevalidate
 
     spec = get_op(op)
     descs = [d for d, _, _ in spec.error_inputs()]
@@ -256,7 +255,7 @@ def test_error_inputs_are_rejected_by_the_harness_prevalidation(op):
 def test_error_inputs_fail_for_the_reason_they_name():
     """Spot checks that an error input is rejected for its own reason, not an incidental one
     (a missing attribute, a dtype slip in the test data)."""
-    from backends.base import prevalidate
+    from rlx_conformance.backends.base import prevalidate
 
     expect = {
         ("reshape", "two -1s"): "at most one -1",

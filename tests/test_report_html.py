@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from results_fixtures import group, result, write
-from rlx_conformance import cli, records, report_html
-from rlx_conformance.diff import compare
+from rlx_conformance.cli import main as cli
+from rlx_conformance.report import records, html as report_html
+from rlx_conformance.report.diff import compare
 
 OPS = ("add", "neg")
 
@@ -104,7 +105,7 @@ def test_nightly_writes_the_report_dir(nightly):
 
 
 def lockfile_groups(path: Path) -> list[str]:
-    from rlx_conformance import lockfile
+    from rlx_conformance.report import lockfile
 
     return [records.key_str(k) for k in lockfile.load(path)]
 
@@ -342,7 +343,7 @@ def test_new_sections_absent_without_their_data(synthetic):
 
 def test_nightly_renders_the_sweep_it_ran(tmp_path, monkeypatch):
     """The sweep runs before report.html is written, the HTML shows it, and a failed row fails the nightly."""
-    from rlx_conformance import exhaustive
+    from rlx_conformance.run import exhaustive
 
     def fake(targets, ops=None, dtypes=None, report_dir=None, **kw):
         doc = exhaustive_doc()

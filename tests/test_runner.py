@@ -1,4 +1,4 @@
-"""Crash and timeout isolation of rlx_conformance.runner.Runner.
+"""Crash and timeout isolation of rlx_conformance.run.runner.Runner.
 
 One run (module fixture, ~10 s) of eight MLX ``neg`` cases through a worker whose kernel, for three
 input sizes, dies by SIGSEGV, dies by SIGABRT, or hangs (tests/kernels_for_tests.py). Every case
@@ -11,10 +11,11 @@ import time
 import pytest
 
 import kernels_for_tests as kt
-from rlx_conformance import matrix, runner
-from rlx_conformance.errors import RlxError
-from rlx_conformance.results import CaseResult
-from rlx_conformance.tolerances import Divergence
+from rlx_conformance.generate import matrix
+from rlx_conformance.run import runner
+from rlx_conformance.core.errors import RlxError
+from rlx_conformance.core.results import CaseResult
+from rlx_conformance.judge.tolerances import Divergence
 
 TIMEOUT = 3.0
 TARGET = matrix.Target("mlx", "cpu", "eager")
@@ -91,7 +92,7 @@ def test_hang_costs_about_one_timeout(broken_run):
 
 
 def test_init_runs_only_in_workers():
-    from backends import get_backend
+    from rlx_conformance.backends import get_backend
 
     assert get_backend("mlx").kernels["neg"].fn is not kt.broken_neg
 
@@ -151,7 +152,7 @@ def test_apply_divergence(monkeypatch, outcome, expected):
 def test_finalize_strict_divergences(monkeypatch):
     """An entry with at least one failure keeps its passes; an entry with none turns them into
     xpass (strict); an entry that matched nothing is a warning."""
-    from rlx_conformance import tolerances
+    from rlx_conformance.judge import tolerances
 
     cases = neg_cases()[:4]
     live = Divergence(index=1, op="neg", category="precision", reason="live")
@@ -173,7 +174,7 @@ def test_finalize_strict_divergences(monkeypatch):
 def test_partly_run_entry_is_not_stale(monkeypatch):
     """A run that holds only some of an entry's cases (an --op or --dtypes subset) cannot say the
     divergence is gone: the passes stay passes."""
-    from rlx_conformance import tolerances
+    from rlx_conformance.judge import tolerances
 
     cases = neg_cases()[:3]
     entry = Divergence(index=1, op="neg", category="precision", reason="scoped to three cases")
@@ -191,7 +192,7 @@ def test_partly_run_entry_is_not_stale(monkeypatch):
 
 def test_nonstrict_divergence_never_goes_xpass(monkeypatch):
     """A nondeterministic divergence (strict = false) whose cases all passed this time stays quiet."""
-    from rlx_conformance import tolerances
+    from rlx_conformance.judge import tolerances
 
     case = neg_cases()[0]
     flaky = Divergence(index=1, op="neg", category="backend-bug", reason="hangs sometimes", strict=False)
@@ -225,7 +226,7 @@ def test_isolated_divergence_cannot_poison_later_cases(monkeypatch, isolate):
 def test_precision_entry_cannot_excuse_a_crash(monkeypatch):
     """A precision entry explains wrong values: a crash in its scope looks further (a backend-bug
     entry) or stays a crash — never an xfail that blames rounding for a dead process."""
-    from rlx_conformance import tolerances
+    from rlx_conformance.judge import tolerances
 
     case = neg_cases()[0]
     prec = Divergence(index=1, op="neg", category="precision", reason="a few ulp")
@@ -246,7 +247,7 @@ def test_undeclared_dtype_that_runs_fails_unless_the_input_is_empty():
     (the declaration is wrong), except on empty inputs: nothing was computed, nothing is proved."""
     from dataclasses import replace
 
-    from rlx_conformance.execute import run_case
+    from rlx_conformance.run.execute import run_case
 
     cases = [replace(c, declared=False) for c in matrix.generate(
         [matrix.Target("mlx", "cpu", "lazy")], ops=["neg"], dtypes=["float32"])]

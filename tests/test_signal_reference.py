@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import scipy.fft
 
-from backends import get_backend
-from rlx_conformance.ops import _stats
+from rlx_conformance.backends import get_backend
+from rlx_conformance.judge.bounds import stats as _stats
 from rlx_conformance.ops.signal import fft_bound, quotient_ties, xent_bound
 
 CPU = get_backend("cpu")

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from backends import get_backend
+from rlx_conformance.backends import get_backend
 
 CPU = get_backend("cpu")
 

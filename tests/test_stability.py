@@ -1,4 +1,4 @@
-"""Bit-stability (rlx_conformance/stability.py): output digests, --repeat plumbing, the
+"""Bit-stability (rlx_conformance/judge/stability.py): output digests, --repeat plumbing, the
 classification of (op, dtype, backend, device, mode) groups, and the enforcement of the groups
 recorded bit-stable in cases/bit_stable.toml."""
 from __future__ import annotations
@@ -10,10 +10,14 @@ from collections import deque
 import numpy as np
 import pytest
 
-from rlx_conformance import cli, data, matrix, runner, stability
-from rlx_conformance.commands import stability as stability_cmd
-from rlx_conformance.dtypes import np_dtype
-from rlx_conformance.results import CaseResult, write_results
+from rlx_conformance.cli import main as cli
+from rlx_conformance.core import data
+from rlx_conformance.generate import matrix
+from rlx_conformance.run import runner
+from rlx_conformance.judge import stability
+from rlx_conformance.cli import stability as stability_cmd
+from rlx_conformance.core.dtypes import np_dtype
+from rlx_conformance.core.results import CaseResult, write_results
 
 
 # -- digests -------------------------------------------------------------------------------------
@@ -256,7 +260,7 @@ def test_enforce_leaves_what_is_not_recorded_alone():
 
 
 def test_committed_file_loads():
-    path = data.cases_dir() / stability.RECORDED_FILE
+    path = data.data_path(stability.RECORDED_FILE)
     text = path.read_text()
     assert text.startswith("# ") and "rlx-conformance stability --update" in text
     groups = tomllib.loads(text)["group"]

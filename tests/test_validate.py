@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlx_conformance import cli
-from rlx_conformance.registry import get_op
+from rlx_conformance.cli import main as cli
+from rlx_conformance.spec.registry import get_op
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "kernels"
@@ -53,7 +53,7 @@ def test_good_example_passes_the_whole_matrix(tmp_path, capsys):
     assert doc["kernel"].endswith("good_hard_sigmoid.py:hard_sigmoid")
     assert all(r["origin"] == doc["kernel"] for r in results(tmp_path).values())
     # for this run only: the built-in kernel is back afterwards
-    from backends import get_backend
+    from rlx_conformance.backends import get_backend
 
     assert get_backend("mlx").kernels["hard_sigmoid"].origin == "builtin"
 
@@ -66,7 +66,7 @@ def test_broken_example_fails_with_its_worst_cases_and_bundles(tmp_path, capsys)
     assert fails and all("hard_sigmoid/float32/" in w["id"] for w in fails)
     assert max(w["max_ulp"] for w in fails) > 1000  # cancellation near x = -3: not a rounding slip
     assert "worst errors" in out and "FAIL" in out
-    # one repro bundle per failed case (rlx_conformance/bundle.py), written by the worker that had
+    # one repro bundle per failed case (rlx_conformance/run/bundle.py), written by the worker that had
     # the arrays: inputs, reference, the kernel's outputs
     bundles = sorted(p for p in (tmp_path / "report" / "repro").iterdir() if not p.name.startswith("."))
     assert len(bundles) == doc["summary"]["fail"] == doc["bundles"]
@@ -208,9 +208,9 @@ def test_error_inputs_declared_for_the_representative_families():
     """Elementwise binary (shapes), reductions (axes), gather/scatter and the ONNX custom ops
     (indices), mat_mul (contraction), cast (dtype): each declares error inputs, and each of
     them is rejected by the harness's pre-validation or by the CPU reference."""
-    from backends import get_backend
-    from backends.base import prevalidate
-    from rlx_conformance.errors import SpecError
+    from rlx_conformance.backends import get_backend
+    from rlx_conformance.backends.base import prevalidate
+    from rlx_conformance.core.errors import SpecError
 
     ops = ["add", "bit_and", "eq", "where", "fma", "clamp", "cast", "exp", "reduce_sum", "reduce_max",
            "arg_max", "softmax", "cumsum", "gather", "scatter_add", "onnx.GatherND", "onnx.ScatterElements",
@@ -261,7 +261,7 @@ def test_fuzz_strategy_respects_the_spec():
     """Examples keep the family's equalities (broadcast pairs still broadcast) and valid attrs."""
     from hypothesis import given, settings
 
-    from rlx_conformance.fuzz import example_strategy
+    from rlx_conformance.generate.fuzz import example_strategy
 
     spec = get_op("reduce_sum")
 

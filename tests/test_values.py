@@ -1,4 +1,4 @@
-"""Seeding determinism and value classes (rlx_conformance/values.py, matrix.make_inputs).
+"""Seeding determinism and value classes (rlx_conformance/spec/values.py, matrix.make_inputs).
 
 A case id must name its inputs exactly, on any machine and in any process: a failure reported
 by id is reproduced from the id alone.
@@ -18,8 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlx_conformance import data, matrix, values
-from rlx_conformance import dtypes as dt
+from rlx_conformance.core import data
+from rlx_conformance.generate import matrix
+from rlx_conformance.spec import values
+from rlx_conformance.core import dtypes as dt
 
 ROOT = Path(__file__).resolve().parent.parent
 T = matrix.Target("mlx", "cpu", "eager")
@@ -78,7 +80,7 @@ def test_same_id_same_inputs_twice(case):
 def test_same_id_same_inputs_in_fresh_process():
     """A fresh interpreter with a different hash seed makes the same bytes."""
     code = (
-        "import hashlib; from rlx_conformance import matrix\n"
+        "import hashlib; from rlx_conformance.generate import matrix\n"
         "T = matrix.Target('cpu', 'cpu', 'eager')\n"
         "cs = [matrix.Case('neg', 'float32', ((1031,),), 'prime', (), 'special', T),\n"
         "      matrix.Case('add', 'bfloat16', ((3, 1), (1, 4)), 'row_col', (), 'random', T)]\n"

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from rlx_conformance import dtypes as dt
-from rlx_conformance.registry import OpSpec, OutSpec
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.spec.registry import OpSpec, OutSpec
 
-from ..base import Backend, KernelEntry, _as_list, check_inputs_unchanged, check_outputs, compute_dtypes
+from rlx_conformance.backends.base import Backend, KernelEntry, _as_list, check_inputs_unchanged, check_outputs, compute_dtypes
 
 
 class CpuBackend(Backend):
@@ -38,6 +38,6 @@ class CpuBackend(Backend):
 
 BACKEND = CpuBackend()
 
-from .._loader import load_kernel_modules  # noqa: E402
+from rlx_conformance.backends._loader import load_kernel_modules  # noqa: E402
 
 load_kernel_modules(__name__, __path__)  # every kernel module in this package registers itself

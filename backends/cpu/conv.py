@@ -7,7 +7,7 @@ import numpy as np
 
 from rlx_conformance.ops.conv import conv_reference, conv_transpose_reference, pool_reference
 
-from . import BACKEND
+from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel
 

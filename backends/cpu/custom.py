@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlx_conformance import csr
+from rlx_conformance.spec import csr
 
-from . import BACKEND
+from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel
 

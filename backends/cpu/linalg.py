@@ -12,7 +12,7 @@ import scipy.linalg
 
 from rlx_conformance.ops.linalg import dot_general_canonical
 
-from . import BACKEND
+from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel
 

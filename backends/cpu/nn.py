@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from rlx_conformance.ops._nn_bounds import rope_pairs
+from rlx_conformance.judge.bounds.nn import rope_pairs
 from rlx_conformance.ops.nn import allowed_keys, attention_dims
 
-from . import BACKEND
+from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel
 

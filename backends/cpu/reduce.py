@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import BACKEND
+from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel
 

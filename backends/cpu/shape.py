@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlx_conformance.errors import SpecError
+from rlx_conformance.core.errors import SpecError
 from rlx_conformance.ops.shape import check_indices, slice_indices
 
-from . import BACKEND
+from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from rlx_conformance import dtypes as dt
+from rlx_conformance.core import dtypes as dt
 from rlx_conformance.ops.signal import fake_quantize_scale, param_view
 
-from . import BACKEND
+from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel
 

@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from rlx_conformance.ops.conv import conv_params, pool_params
 
-from . import BACKEND
+from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel
 

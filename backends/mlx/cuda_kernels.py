@@ -433,7 +433,7 @@ def values_grad(col, rp, u, v):
 
 
 # -- the CUDA kernels as a contributor would register them ---------------------------------------
-# ``rlx-conformance validate OP --kernel backends.mlx.cuda_kernels:NAME --device gpu --mode M``
+# ``rlx-conformance validate OP --kernel rlx_conformance.backends.mlx.cuda_kernels:NAME --device gpu --mode M``
 # validates them against the reference (with RLX_MLX_CUDA_KERNELS=0 in the environment the
 # built-in kernel it is timed against is the composed one). Each is custom.py's kernel with the
 # CUDA path forced: the same empty-input handling, and an error where there is no CUDA GPU.
@@ -448,7 +448,7 @@ def _force_cuda(op: str):
         def forced(*args, **attrs):
             global _forced
             if not (available() and mx.default_device().type == mx.gpu):
-                from rlx_conformance.errors import UnsupportedError
+                from rlx_conformance.core.errors import UnsupportedError
 
                 raise UnsupportedError(f"{op}: the CUDA kernel needs MLX's CUDA build and device gpu")
             prev, _forced = _forced, True
@@ -462,7 +462,7 @@ def _force_cuda(op: str):
 
 
 def _custom():
-    from . import custom
+    from rlx_conformance.backends.mlx import custom
 
     return custom
 

@@ -31,11 +31,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlx_conformance.errors import UnsupportedError
-from rlx_conformance.registry import all_ops, get_op
+from rlx_conformance.core.errors import UnsupportedError
+from rlx_conformance.spec.registry import all_ops, get_op
 
-from ..base import KernelEntry, _as_list
-from . import BACKEND, __path__ as _PKG_PATH, dtype_name, to_mlx, to_numpy
+from rlx_conformance.backends.base import KernelEntry, _as_list
+from rlx_conformance.backends.mlx import BACKEND, __path__ as _PKG_PATH, dtype_name, to_mlx, to_numpy
 
 ENV = "RLX_CONFORMANCE_FORCE_DELEGATE"
 _NATIVE: dict[str, KernelEntry] = {}  # entries force_delegate replaced, for restore_native
@@ -43,7 +43,7 @@ _TRACING = "function transformations"
 
 
 def _cpu():
-    from backends import get_backend
+    from rlx_conformance.backends import get_backend
 
     return get_backend("cpu")
 

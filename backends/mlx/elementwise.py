@@ -8,7 +8,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import BACKEND
+from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel
 
@@ -140,6 +140,6 @@ def clamp(x, *, min, max):
 
 @kernel("cast")
 def cast(x, *, to):
-    from . import MX_DTYPES
+    from rlx_conformance.backends.mlx import MX_DTYPES
 
     return x.astype(MX_DTYPES[to])

@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from rlx_conformance.ops.linalg import dot_general_dims
 
-from . import BACKEND
+from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel
 LINALG = dict(cpu_stream=True, note="mx.linalg has no GPU implementation: runs on the CPU stream")

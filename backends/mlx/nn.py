@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from rlx_conformance.ops.nn import attention_dims
 
-from . import BACKEND
+from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel
 

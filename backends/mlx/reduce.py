@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import BACKEND
+from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from rlx_conformance import dtypes as dt
-from rlx_conformance.errors import SpecError, UnsupportedError
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.core.errors import SpecError, UnsupportedError
 
-from . import BACKEND
+from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel
 

@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from rlx_conformance.ops.signal import param_view
 
-from . import BACKEND, MX_DTYPES
+from rlx_conformance.backends.mlx import BACKEND, MX_DTYPES
 
 kernel = BACKEND.kernel
 

@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from .. import dtypes as dt
-from ..values import Stream
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.spec.values import Stream
 
 
 def dmm(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Custom ops (OPS.md "Custom ops"), declared through the extension API
-(:func:`rlx_conformance.custom.custom_op`): four ONNX ops and four ``rlx_sparse`` ops.
+(:func:`rlx_conformance.spec.custom_ops.custom_op`): four ONNX ops and four ``rlx_sparse`` ops.
 
 ONNX ops follow the ONNX spec (ScatterElements/ScatterND opset 18, GatherND/GatherElements
 opset 13), not RLX's deviations: indices in [-s, s-1], negative ones count from the end,
@@ -13,7 +13,7 @@ The generator adapts the index shape to the swept attributes so that every combi
 valid input: dims beyond the data's on non-axis dims are cut, duplicate indices are drawn only
 with a reduction (ONNX leaves them undefined with "none"), GatherND's batch dims are copied from
 the data. Sparse families are [[n, m]] (rows, columns) or [[n]] (square); the value class names
-the matrix structure (see rlx_conformance/csr.py).
+the matrix structure (see rlx_conformance/spec/csr.py).
 """
 from __future__ import annotations
 
@@ -23,15 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import csr
-from .. import dtypes as dt
-from .. import infer as _infer
-from ..custom import Codec, Field, custom_op
-from ..custom_judges import (cg_check, gather_check, lu_check, matvec_check, scatter_check,
-                             scatter_undefined, values_grad_check)
-from ..errors import SpecError
-from ..registry import Attr, Input
-from ..values import Stream, make_array, specials
+from rlx_conformance.spec import csr
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.spec import infer as _infer
+from rlx_conformance.spec.custom_ops import Codec, Field, custom_op
+from rlx_conformance.judge.custom_checks import cg_check, gather_check, lu_check, matvec_check, scatter_check, scatter_undefined, values_grad_check
+from rlx_conformance.core.errors import SpecError
+from rlx_conformance.spec.registry import Attr, Input
+from rlx_conformance.spec.values import Stream, make_array, specials
 
 Shape = tuple[int, ...]
 REDUCTIONS = ("none", "add", "mul", "max", "min")

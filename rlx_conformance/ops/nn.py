@@ -26,11 +26,11 @@ import math
 
 import numpy as np
 
-from .. import dtypes as dt
-from .. import infer
-from ..errors import SpecError
-from ..registry import Attr, Input, Policy, declare
-from . import _nn_bounds as bounds
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.spec import infer
+from rlx_conformance.core.errors import SpecError
+from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.judge.bounds import nn as bounds
 
 FLOATS = dt.FLOATS
 

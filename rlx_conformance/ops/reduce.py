@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as dt
-from .. import infer
-from ..registry import Attr, Input, Policy, declare
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.spec import infer
+from rlx_conformance.spec.registry import Attr, Input, Policy, declare
 
 
 def gamma(n: np.ndarray | int, u: float) -> np.ndarray:

@@ -3,7 +3,7 @@ rng_uniform, rng_normal, quantize, dequantize, fake_quantize, softmax_cross_entr
 
 Judging: fft by a normwise error bound of the FFT (Higham, *Accuracy and Stability of Numerical
 Algorithms*, 2nd ed., sec. 24.1), the random ops by distribution tests (their streams differ
-between libraries by design; judges in rlx_conformance/ops/_stats.py), quantization bit-exactly
+between libraries by design; judges in rlx_conformance/judge/bounds/stats.py), quantization bit-exactly
 except where the quotient x/scale lies within rounding error of a half-integer, the loss by a
 log-sum-exp and summation bound.
 """
@@ -13,13 +13,13 @@ import math
 
 import numpy as np
 
-from .. import dtypes as dt
-from .. import infer
-from ..errors import SpecError
-from ..registry import Attr, Input, Policy, declare
-from ..values import make_array, specials
-from . import _stats
-from .reduce import gamma
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.spec import infer
+from rlx_conformance.core.errors import SpecError
+from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.spec.values import make_array, specials
+from rlx_conformance.judge.bounds import stats as _stats
+from rlx_conformance.ops.reduce import gamma
 
 FLOATS = dt.FLOATS
 
@@ -275,7 +275,7 @@ def quotient_ties(x: np.ndarray, scale: np.ndarray, dtype: str) -> tuple[np.ndar
 def quantize_check(inputs, attrs, expected, actual):
     """Bit-exact, except: NaN inputs are undefined (a NaN has no integer), and at a near tie of
     x/scale the result may be either neighbour (one quantum apart)."""
-    from ..compare import Comparison
+    from rlx_conformance.judge.compare import Comparison
 
     x, scale, _ = inputs
     (e,), (a,) = expected, actual

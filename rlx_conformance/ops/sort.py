@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes as dt
-from .. import infer
-from ..errors import SpecError
-from ..registry import Attr, Input, Policy, declare
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.spec import infer
+from rlx_conformance.core.errors import SpecError
+from rlx_conformance.spec.registry import Attr, Input, Policy, declare
 
 EXACT = Policy(exact=True, signed_zero=True)
 _AXIS = Attr("axis", "int", default=-1, sweep=(0, -1))

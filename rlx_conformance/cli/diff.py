@@ -1,0 +1,153 @@
+"""``rlx-conformance diff BASE NEW``: what changed between two runs, and whether it is a regression
+(exit 1: new failures, error drift, distribution drift, tolerance-lock violations; see diff.py).
+The helpers here (threshold and lock options, the terminal view) are shared with ``nightly``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rlx_conformance.report import lockfile, records
+from rlx_conformance.report.diff import Diff, Thresholds, compare
+from rlx_conformance.core.errors import RlxError
+from rlx_conformance.core.results import atomic_write_text
+
+SHOW = 20  # rows per list in the terminal; the JSON has them all
+
+
+def add_diff_options(p: argparse.ArgumentParser, lock_update: bool = True) -> None:
+    t = Thresholds()
+    g = p.add_argument_group("drift thresholds (an error must pass both the factor and the floor)")
+    g.add_argument("--ulp-growth", type=float, default=t.ulp_growth, metavar="X",
+                   help=f"max ULP (of a case, or a group's p99/max) grew more than X times (default {t.ulp_growth:g})")
+    g.add_argument("--ulp-floor", type=float, default=t.ulp_floor, metavar="N",
+                   help=f"... and by more than N ULP (default {t.ulp_floor:g})")
+    g.add_argument("--rel-growth", type=float, default=t.rel_growth, metavar="Y",
+                   help=f"max relative error grew more than Y times (default {t.rel_growth:g})")
+    g.add_argument("--rel-floor-eps", type=float, default=t.rel_floor_eps, metavar="K",
+                   help=f"... and by more than K machine epsilons of the dtype (default {t.rel_floor_eps:g})")
+    lk = p.add_argument_group("tolerance lock (cases/tolerance_lock.toml)")
+    lk.add_argument("--lock", metavar="FILE", help="lock file (default: cases/tolerance_lock.toml)")
+    lk.add_argument("--no-lock", action="store_true", help="do not check the lock")
+    if lock_update:
+        lk.add_argument("--update-lock", action="store_true",
+                        help="write the proposals: tighter entries and groups the lock lacks")
+        lk.add_argument("--lock-reason", metavar="TEXT",
+                        help="with --update-lock, also loosen violated entries to the observed errors, with this reason")
+
+
+def thresholds(args) -> Thresholds:
+    t = Thresholds(args.ulp_growth, args.ulp_floor, args.rel_growth, args.rel_floor_eps)
+    if t.ulp_growth < 1 or t.rel_growth < 1 or t.ulp_floor < 0 or t.rel_floor_eps < 0:
+        raise RlxError("growth factors must be >= 1 and floors >= 0")
+    return t
+
+
+def check_lock(args, new: records.Report) -> lockfile.LockCheck | None:
+    """Compare NEW with the lock and, with --update-lock, write the proposals (printing what) and
+    return the check against the lock as written."""
+    update, reason = getattr(args, "update_lock", False), getattr(args, "lock_reason", None)
+    if args.no_lock:
+        if update:
+            raise RlxError("--update-lock and --no-lock contradict each other")
+        return None
+    if reason and not update:
+        raise RlxError("--lock-reason goes with --update-lock")
+    path = Path(args.lock) if args.lock else lockfile.default_path()
+    if args.lock and not path.is_file() and not update:
+        raise RlxError(f"no lock file at {path}")
+    lock = lockfile.load(path)
+    chk = lockfile.check(lock, lockfile.observe(new.cases), path)
+    if update:
+        new_lock, refused = lockfile.updated(lock, chk, reason)
+        lockfile.write(new_lock, path)
+        print(f"lock: wrote {path} ({len(chk.tighter)} tightened, {len(chk.unlocked)} added"
+              + (f", {len(chk.violations)} loosened with reason" if reason else "") + ")")
+        if refused:
+            print(f"lock: refused to loosen {refused} entr{'y' if refused == 1 else 'ies'} without "
+                  "--lock-reason (they stay violations)", file=sys.stderr)
+        # What the run gates on is now the written lock: accepted loosenings no longer count.
+        chk = lockfile.check(new_lock, lockfile.observe(new.cases), path)
+    return chk
+
+
+def _num(v) -> str:
+    from rlx_conformance.report.html import fmt
+
+    return fmt(v)
+
+
+def print_diff(d: Diff, show: int = SHOW) -> None:
+    """The diff for a terminal: counts, then the lists that matter most, each capped."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False)
+    c = d.counts()
+    con.print(f"[bold]diff[/bold] {d.base or '(no baseline)'} → {d.new}")
+    con.print("  " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in c.items()))
+
+    def table(title: str, cols: list[str], rows: list[list[str]], total: int) -> None:
+        if not rows:
+            return
+        t = Table(title=f"{title} ({total}{'' if total <= show else f', first {show}'})", title_justify="left")
+        for col in cols:
+            t.add_column(col, overflow="fold")
+        for r in rows[:show]:
+            t.add_row(*r)
+        con.print(t)
+
+    def out(b) -> str:
+        return "absent" if b is None or b.get("outcome") is None else b["outcome"]
+
+    table("new failures", ["case", "base", "new", "max ulp", "message"],
+          [[x["id"], out(x["base"]), x["new"]["outcome"], _num(x["new"].get("max_ulp")), x["new"]["message"][:120]]
+           for x in d.new_failures], len(d.new_failures))
+    table("error drift (passing, error grew)", ["case", "metric", "base", "new"],
+          [[x["id"], x["metric"], _num(x["base"]), _num(x["new"])] for x in d.error_drift], len(d.error_drift))
+    table("distribution drift (p99/max ULP per group)", ["group", "worse", "p99", "max", "all pass"],
+          [[x["group"], ", ".join(x["metrics"]), f"{_num(x['base']['p99'])} → {_num(x['new']['p99'])}",
+            f"{_num(x['base']['max'])} → {_num(x['new']['max'])}", "yes" if x["all_pass"] else "no"]
+           for x in d.distribution_drift], len(d.distribution_drift))
+    table("fixed", ["case", "base", "new"], [[x["id"], out(x["base"]), out(x["new"])] for x in d.fixed], len(d.fixed))
+    if d.lock is not None:
+        lk = d.lock
+        table("tolerance lock violations (errors past the lock)", ["group", "metric", "locked", "observed"],
+              [[v["group"], v["metric"], _num(v["locked"]), _num(v["observed"])] for v in lk.violations],
+              len(lk.violations))
+        table("tolerance lock: proposed tighter entries (--update-lock writes them)",
+              ["group", "metric", "locked", "proposed"],
+              [[v["group"], v["metric"], _num(v["locked"]), _num(v["proposed"])] for v in lk.tighter], len(lk.tighter))
+        if lk.unlocked:
+            con.print(f"tolerance lock: {len(lk.unlocked)} group(s) not in {lk.path} (--update-lock adds them)")
+    verdict = "[bold red]REGRESSION[/bold red]" if d.regression else "[bold green]no regression[/bold green]"
+    con.print(f"verdict: {verdict}")
+
+
+def write_json(d: Diff, path: Path) -> None:
+    atomic_write_text(Path(path), json.dumps(d.to_json(), indent=1, allow_nan=False) + "\n")
+
+
+def cmd_diff(args) -> int:
+    base = records.load(args.base)
+    new = records.load(args.new)
+    d = compare(base, new, thresholds(args))
+    d.lock = check_lock(args, new)
+    if args.json:
+        write_json(d, args.json)
+    print_diff(d, args.show)
+    if args.json:
+        print(f"diff: {args.json}")
+    return 1 if d.regression else 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("diff", help="compare two runs (report dirs or results.json): new failures, fixed, drift",
+                       description=(__doc__ or "").splitlines()[0])
+    p.add_argument("base", metavar="BASE", help="baseline report dir or results.json")
+    p.add_argument("new", metavar="NEW", help="new report dir or results.json")
+    p.add_argument("--json", metavar="OUT", help="also write the diff as JSON")
+    p.add_argument("--show", type=int, default=SHOW, help=f"rows per list in the terminal (default {SHOW})")
+    add_diff_options(p)
+    p.set_defaults(fn=cmd_diff)

@@ -1,0 +1,193 @@
+"""``rlx-conformance validate OP --kernel MODULE:FUNC|path.py:FUNC``: validate a contributed
+kernel against the CPU reference (rlx_conformance/run/validate.py) and print the verdict."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rlx_conformance.core import results as res
+
+SHOWN = ("pass", "fail", "xfail", "error", "contract", "crash", "timeout", "skip")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="validate a contributed kernel for one op: the op's whole "
+                       "matrix against the reference, error inputs, speed, optional fuzzing",
+                       description="Registers FUNC for OP on the backend for this run only and runs "
+                       "OP's case matrix against the CPU reference. Exit 0: every case passes; 1: a "
+                       "case fails, errors, breaks the call convention, crashes or times out, an "
+                       "error input is accepted, or fuzzing found a failure; 2: usage error.")
+    p.add_argument("op", metavar="OP", help="registry op name (rlx-conformance ops)")
+    p.add_argument("--kernel", required=True, metavar="MODULE:FUNC|path.py:FUNC",
+                   help="the kernel: FUNC(*inputs, **attrs) in an importable module or a .py file")
+    p.add_argument("--backend", default="mlx", help="backend the kernel is for (default: mlx)")
+    p.add_argument("--device", default="cpu", help="cpu or gpu (default: cpu)")
+    p.add_argument("--mode", default=None, help="eager, lazy or compiled (default: $RLX_MLX_MODE, else compiled)")
+    p.add_argument("--dtypes", action="append", metavar="GLOB", help="only these dtypes (globs)")
+    p.add_argument("--case", action="append", metavar="ID", help="only this case id of OP's matrix (repeatable)")
+    p.add_argument("--report", metavar="DIR", help="report directory (default: reports/validate-OP-<time>)")
+    p.add_argument("--fuzz", type=int, default=0, metavar="N",
+                   help="after the matrix, N hypothesis examples of the op's input space (default 0)")
+    p.add_argument("--derandomize", action="store_true",
+                   help="deterministic fuzzing (for CI; also when $CI is set)")
+    p.add_argument("--strict", action="store_true",
+                   help="known divergences of the built-in kernel excuse nothing")
+    p.add_argument("--speed-cases", type=int, default=8, metavar="K",
+                   help="passing cases to time against the built-in kernel and the reference (default 8; 0: none)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run (default 60)")
+    p.add_argument("--show", type=int, default=5, help="worst cases to list (default 5)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_validate)
+
+
+def cmd_validate(args) -> int:
+    from rlx_conformance.cli.main import _split
+    from rlx_conformance.run.validate import validate
+
+    interactive = not args.no_progress and sys.stderr.isatty()
+
+    def stage(msg: str) -> None:  # one line per stage on a terminal (stderr)
+        if interactive:
+            print(f"validate: {msg}", file=sys.stderr)
+
+    try:
+        v = validate(args.op, args.kernel, backend=args.backend, device=args.device, mode=args.mode,
+                     dtypes=_split(args.dtypes), case_ids=args.case, report_dir=Path(args.report) if args.report else None,
+                     workers=args.workers, timeout=args.timeout, fuzz=args.fuzz,
+                     derandomize=args.derandomize, strict=args.strict, speed_cases=args.speed_cases,
+                     on_stage=stage)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print_verdict(v, show=args.show)
+    return v.exit_code
+
+
+def _table(title: str, key: str, v) -> "object":
+    from rich.table import Table
+
+    counts = v.counts(key)
+    cols = [o for o in SHOWN if o in ("pass", "fail") or any(c[o] for c in counts.values())]
+    t = Table(title=title, title_justify="left")
+    t.add_column(key if key == "dtype" else "shape family")
+    t.add_column("run", justify="right")
+    for o in cols:
+        t.add_column(o, justify="right", style="red" if o in res.BAD else None)
+    for name in sorted(counts, key=lambda k: (-sum(counts[k].values()), k)) if key == "family" else counts:
+        c = counts[name]
+        run = sum(n for o, n in c.items() if o != "skip")
+        t.add_row(name, str(run), *[str(c[o]) if c[o] else "" for o in cols])
+    return t
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return ""
+    x = float(x)
+    if x != x:
+        return "nan"
+    return f"{x:.3g}"
+
+
+def _ms(s) -> str:
+    return "—" if s is None else (f"{s * 1e3:.3g} ms" if s >= 1e-4 else f"{s * 1e6:.3g} µs")
+
+
+def print_verdict(v, show: int = 5) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    if not console.is_terminal:  # a log or a pipe: room for case ids
+        console.width = 140
+    summary = res.summarize(v.results)
+    console.print(f"[bold]validate {v.op}[/bold] — kernel {v.origin} on {v.target} "
+                  f"({summary['total']} cases, {v.wall_s:.1f} s)")
+    console.print(_table("by dtype", "dtype", v))
+    console.print(_table("by shape family", "family", v))
+
+    worst = v.worst(show)
+    if worst:
+        t = Table(title=f"worst errors (of {sum(1 for r in v.results if r.outcome == 'fail')} numeric failures)",
+                  title_justify="left")
+        for col in ("case id", "max abs", "max rel", "max ulp", "message"):
+            t.add_column(col, overflow="fold")
+        for r in worst:
+            t.add_row(r.id + (" (xfail)" if r.outcome == "xfail" else ""), _fmt(r.max_abs_err),
+                      _fmt(r.max_rel_err), _fmt(r.max_ulp), (r.message or "").splitlines()[0][:300])
+        console.print(t)
+    other = [r for r in v.bad_cases if r.outcome != "fail"]
+    if other:
+        t = Table(title=f"{len(other)} case(s) that did not compute a comparable result", title_justify="left")
+        for col in ("outcome", "case id", "message"):
+            t.add_column(col, overflow="fold")
+        for r in other[:show]:
+            t.add_row(r.outcome, r.id, (r.message or "").splitlines()[0][:160])
+        console.print(t)
+
+    if v.error_probes:
+        t = Table(title="error-input parity", title_justify="left")
+        for col in ("error input", "harness pre-validation", "kernel alone", "verdict"):
+            t.add_column(col, overflow="fold")
+        for p in v.error_probes:
+            t.add_row(p.description, "rejects" if p.harness else "accepts", p.kernel[:90],
+                      p.verdict if p.ok else f"[red]{p.verdict}[/red]")
+        console.print(t)
+    else:
+        console.print(f"error-input parity: {v.op} declares no error inputs")
+
+    sp = v.speed
+    if sp.get("cases"):
+        t = Table(title=f"speed: {len(sp['cases'])} passing case(s), median per call after a warm-up "
+                  f"(matrix total in the kernel: {sp['matrix_backend_s']:.3g} s)", title_justify="left")
+        for col in ("against", "cases", "its time", "contributed", "contributed ÷ it (geomean, range)"):
+            t.add_column(col)
+        for other, label in (("builtin", "built-in kernel"), ("reference", "CPU reference")):
+            s = sp.get(other)
+            if s is None:
+                t.add_row(label, "0", "—", "—", "no built-in kernel" if other == "builtin" else "—")
+                continue
+            t.add_row(label, str(s["cases"]), _ms(s["total_s"]), _ms(s["contributed_total_s"]),
+                      f"{s['ratio_geomean']:.2f}× ({s['ratio_min']:.2f}–{s['ratio_max']:.2f})")
+        console.print(t)
+    elif sp.get("note"):
+        console.print(f"speed: {sp['note']}")
+
+    if v.fuzz is not None:
+        f = v.fuzz
+        line = (f"fuzz: {f.examples} example(s) evaluated (shrinking included), {f.invalid} discarded by the spec"
+                + (", derandomized" if f.derandomized else "")
+                + (f", {f.known} shared with the built-in kernel (known divergence)" if f.known else ""))
+        if f.failure is not None:
+            console.print(line + f"; [red]FAILURE ({f.verdict.outcome})[/red], shrunk to {f.failure.describe()}: "
+                          f"{(f.verdict.message or '').splitlines()[0][:200] if f.verdict.message else ''}"
+                          + (f"\n  bundle: {v.report_dir / v.fuzz_bundle}" if v.fuzz_bundle else "")
+                          + (f"\n  note: {f.note}" if f.note else ""))
+        else:
+            console.print(line + "; no failure" + (f" ({f.note})" if f.note else ""))
+
+    bad = v.bad_cases
+    parts = [f"{summary[o]} {o}" for o in res.OUTCOMES if summary[o]]
+    console.print("cases: " + ", ".join(parts))
+    if v.bundles:
+        console.print(f"repro bundles: {v.bundles} under {v.report_dir / 'repro'}")
+    if bad:
+        from rlx_conformance.run.validate import rerun_command
+
+        console.print(f"rerun one case: {rerun_command(bad[0])}")
+    console.print(f"report: {v.report_dir / 'validate.json'}, {v.report_dir / 'results.json'}")
+    rejected = sum(1 for p in v.error_probes if not p.ok)
+    if v.exit_code == 0:
+        extra = [f"{summary[o]} {o}" for o in ("xfail", "skip") if summary[o]]
+        console.print(f"[green bold]PASS[/green bold]: {v.op} with {v.origin} passes every case on {v.target}"
+                      + (f" ({', '.join(extra)}: see above)" if extra else ""))
+    else:
+        why = []
+        if bad:
+            why.append(f"{len(bad)} bad case(s)")
+        if rejected:
+            why.append(f"{rejected} error input(s) accepted")
+        if v.fuzz is not None and v.fuzz.failure is not None:
+            why.append("a fuzz failure")
+        console.print(f"[red bold]FAIL[/red bold]: {v.op} with {v.origin} on {v.target}: " + ", ".join(why))

@@ -1,0 +1,226 @@
+"""Case results and the results.json sink. Every output (terminal summary, pytest item, JUnit,
+results.json) is made from CaseResult records alone."""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "rlx-conformance/results/v1"
+# contract: the kernel broke the call convention (wrong output count/shape/dtype, a non-array
+# output, an input modified in place): reported as such, never as a numeric mismatch.
+OUTCOMES = ("pass", "fail", "xfail", "xpass", "error", "contract", "crash", "timeout", "skip")
+BAD = ("fail", "xpass", "error", "contract", "crash", "timeout")  # outcomes that fail a run
+
+
+@dataclass
+class CaseResult:
+    id: str
+    op: str
+    dtype: str
+    shape: list[list[int]]
+    family: str
+    attrs: dict[str, Any]
+    vals: str
+    backend: str
+    device: str
+    mode: str
+    outcome: str
+    kernel: str = "native"  # native | delegated
+    origin: str = "builtin"  # where the target's kernel comes from (validate --kernel, an entry point)
+    stream: str | None = None  # the MLX stream that ran (cpu/gpu) when it differs from the device
+    variant: str = ""  # the target's backend variant, e.g. "tf32:off" (matrix.Target.variant)
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    max_ulp: float | None = None
+    tolerance: dict[str, Any] | None = None
+    duration_s: float = 0.0  # the whole case in its worker: inputs, reference, target, comparison
+    backend_s: float = 0.0  # of which the target backend's run
+    message: str = ""
+    seed: int = 0
+    declared: bool = True
+    divergence: dict[str, Any] | None = None
+    # bit-stability (stability.py): sha256 of the target's outputs (bytes, shapes, dtypes); with
+    # --repeat N, which run this record is (journal) and, merged, every run's digest in order
+    output_digest: str | None = None
+    repeat: int = 0
+    repeat_digests: list[str | None] | None = None
+    repro: str | None = None  # the case's repro bundle, relative to the report dir (bundle.py)
+    # the precise oracle (accuracy.py; None where the op has none): max ULP distance of the
+    # reference and of the target from the correctly rounded result, elements over the op's
+    # accuracy budget (cases/accuracy.toml), the verdict (ok | target-over-budget |
+    # reference-bug | supports-reference | both-within-budget), and whether a flushed subnormal
+    # was accepted under the backend's declared FTZ
+    oracle_ulp_ref: float | None = None
+    oracle_ulp_target: float | None = None
+    over_budget: int | None = None
+    over_budget_ref: int | None = None
+    budget: dict[str, Any] | None = None
+    oracle_verdict: str | None = None
+    ftz_used: bool = False
+
+    @classmethod
+    def for_case(cls, case, outcome: str, **kw: Any) -> "CaseResult":
+        t = case.target
+        return cls(id=case.id, op=case.op, dtype=case.dtype, shape=[list(s) for s in case.shapes],
+                   family=case.family, attrs={k: _jsonable(v) for k, v in case.attrs}, vals=case.vals,
+                   backend=t.backend, device=t.device, mode=t.mode, variant=t.variant, outcome=outcome,
+                   seed=case.seed, declared=case.declared, repeat=case.repeat, **kw)
+
+    def to_json(self) -> dict[str, Any]:
+        """Strict JSON: NaN becomes null and +-inf the strings "inf"/"-inf", anywhere in the record."""
+        return _jsonable(asdict(self))
+
+    @classmethod
+    def from_json(cls, rec: dict[str, Any]) -> "CaseResult":
+        """A record of results.json back as a CaseResult (merge re-judges shard records): fields
+        this version does not know are dropped; measured errors "inf"/"-inf" become floats again
+        (NaN was stored as null and stays None), so ``to_json`` gives the record back."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in rec.items() if k in names}
+        for k in ("max_abs_err", "max_rel_err", "max_ulp"):
+            if isinstance(kw.get(k), str):
+                kw[k] = float(kw[k])
+        return cls(**kw)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # numpy scalars
+        v = v.item()
+    if isinstance(v, float):
+        if v != v:
+            return None
+        if v in (float("inf"), float("-inf")):
+            return "inf" if v > 0 else "-inf"
+    return v
+
+
+def summarize(results: Iterable[CaseResult]) -> dict[str, int]:
+    c = Counter(r.outcome for r in results)
+    return {o: c.get(o, 0) for o in OUTCOMES} | {"total": sum(c.values())}
+
+
+def run_metadata(**kw: Any) -> dict[str, Any]:
+    import numpy
+
+    meta = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "numpy": numpy.__version__,
+    }
+    for mod in ("ml_dtypes", "scipy"):  # the reference's libraries (an old ml_dtypes rounded differently)
+        try:
+            meta[mod] = importlib.import_module(mod).__version__
+        except ImportError:
+            meta[mod] = None
+    try:
+        import mlx.core as mx
+
+        meta["mlx"] = mx.__version__
+    except ImportError:
+        meta["mlx"] = None
+    meta["env"] = {k: v for k, v in os.environ.items() if k.startswith(("RLX_", "MLX_"))}
+    # TF32 for float32 matmul/conv on CUDA (MLX reads it once per process; unset = MLX's default,
+    # on). Cases run under another setting carry it in their target (variant tf32:on/tf32:off).
+    meta["mlx_enable_tf32"] = os.environ.get("MLX_ENABLE_TF32", "unset (MLX default: 1)")
+    meta.update(kw)
+    return meta
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory and rename: readers (and a killed run)
+    never see a truncated file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report is for everyone to read
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_results(path: Path, run: dict[str, Any], results: list[CaseResult]) -> None:
+    from rlx_conformance.judge.stability import classify
+
+    doc = {"schema": SCHEMA, "run": run, "summary": summarize(results), "stability": classify(results),
+           "cases": [r.to_json() for r in results]}
+    atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
+class Journal:
+    """Append-only JSON-lines log of results as they arrive, so a run killed outright (SIGKILL,
+    power loss) still leaves everything it had gathered; removed once results.json is written."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("w")
+
+    def add(self, r: CaseResult) -> None:
+        self._f.write(json.dumps(r.to_json(), allow_nan=False) + "\n")
+        self._f.flush()
+
+    def close(self, remove: bool) -> None:
+        self._f.close()
+        if remove:
+            self.path.unlink(missing_ok=True)
+
+
+def load_resumable(report_dir: Path) -> tuple[dict[str, Any], list[CaseResult]]:
+    """What an earlier run in ``report_dir`` recorded: its results.json or results.json.gz (an
+    interrupted run's too), else the journal of one killed outright (a torn last line is dropped). Returns the
+    run metadata ({} from a journal) and the records."""
+    report_dir = Path(report_dir)
+    journal = report_dir / "results.partial.jsonl"
+    for done in (report_dir / "results.json", report_dir / "results.json.gz"):
+        if done.exists():
+            doc = load_results(done)
+            return doc["run"], [CaseResult.from_json(c) for c in doc["cases"]]
+    if journal.exists():
+        recs = []
+        for line in journal.read_text().splitlines():
+            try:
+                recs.append(CaseResult.from_json(json.loads(line)))
+            except (ValueError, TypeError):
+                break  # the line being written when the run died
+        return {}, recs
+    raise ValueError(f"{report_dir}: no results.json(.gz) or results.partial.jsonl to resume")
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """A results.json, or a gzipped one (``.gz``)."""
+    import gzip
+
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
+        doc = json.load(f)
+    if doc.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a results file of schema {SCHEMA}")
+    return doc

@@ -1,0 +1,203 @@
+"""The case matrix: op × dtype × shape family × attributes × value class × target.
+
+A :class:`Case` is pure metadata (cheap to make and to pickle); its inputs are made on demand from
+a seed hashed from the case's input id, so the same id gives bit-identical inputs anywhere, and
+cases that differ only in target (backend/device/mode) share inputs and one reference result.
+This module reads only the registry and cases/.
+"""
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlx_conformance.core import data
+from rlx_conformance.spec import values
+from rlx_conformance.core.errors import RlxError, SpecError
+from rlx_conformance.spec.registry import OpSpec, all_ops, get_op
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the case runs: backend, device, mode (for example mlx/cpu/compiled), and a backend
+    variant where the backend has one that changes numerics (``tf32:on`` / ``tf32:off`` for
+    MLX's float32 matmul/conv family on a GPU, see MlxBackend.variants): ``mlx-gpu-lazy-tf32:off``."""
+
+    backend: str
+    device: str
+    mode: str
+    variant: str = ""
+
+    def __str__(self) -> str:
+        base = f"{self.backend}-{self.device}-{self.mode}"
+        return f"{base}-{self.variant}" if self.variant else base
+
+    @classmethod
+    def parse(cls, s: str) -> "Target":
+        parts = s.split("-")
+        if len(parts) not in (3, 4):
+            raise RlxError(f"bad target {s!r}: expected BACKEND-DEVICE-MODE[-VARIANT], e.g. mlx-cpu-compiled")
+        return cls(*parts)
+
+
+def fmt_shape(shape: Shape) -> str:
+    return "x".join(map(str, shape)) if shape else "scalar"
+
+
+def fmt_value(v: Any, empty: str = "none") -> str:
+    """An attribute value as it reads in a case id; ``empty`` names what an empty tuple means for
+    this attribute (``none`` by default, ``all`` for reduction axes)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, tuple):
+        return "+".join(map(str, v)) if v else empty
+    if isinstance(v, float):
+        return repr(v).replace("inf", "inf")
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    dtype: str  # the op's type variable T
+    shapes: tuple[Shape, ...]
+    family: str  # shape family name in cases/shapes.toml
+    attrs: tuple[tuple[str, Any], ...]
+    vals: str
+    target: Target
+    declared: bool = True  # does the target backend claim this dtype on this device?
+    repeat: int = 0  # which run of the case under --repeat N (not part of the id, inputs or seed)
+
+    @property
+    def input_id(self) -> str:
+        """Everything that determines the inputs and the reference: the id without the target."""
+        parts = [self.op, self.dtype, "shape:" + "+".join(fmt_shape(s) for s in self.shapes)]
+        spec = self.spec
+        parts += [f"{k}:{fmt_value(v, spec.attr(k).empty)}" for k, v in self.attrs]
+        parts.append(f"vals:{self.vals}")
+        return "/".join(parts)
+
+    @property
+    def id(self) -> str:
+        return f"{self.input_id}/{self.target}"
+
+    @property
+    def attr_dict(self) -> dict[str, Any]:
+        return dict(self.attrs)
+
+    @property
+    def spec(self) -> OpSpec:
+        return get_op(self.op)
+
+    @property
+    def seed(self) -> int:
+        return values.seed_of(self.input_id)
+
+    def size(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+
+def make_inputs(case: Case) -> list[np.ndarray]:
+    """The case's inputs, bit-identical for the same input id on any machine."""
+    spec = case.spec
+    if spec.generate is not None:
+        return spec.generate(lambda k: values.Stream(f"{case.input_id}#{k}"), case.shapes,
+                             case.dtype, case.attr_dict, case.vals)
+    dtypes = spec.case_dtypes(case.dtype, len(case.shapes))
+    attrs = case.attr_dict
+    out = []
+    for k, (shape, dtype) in enumerate(zip(case.shapes, dtypes)):
+        inp = spec.inputs[min(k, len(spec.inputs) - 1)]
+        stream = values.Stream(f"{case.input_id}#{k}")
+        out.append(values.make_array(stream, shape, dtype, inp.domain, case.vals, attrs))
+    return out
+
+
+# -- generation ----------------------------------------------------------------------------------
+def _axis_sweep(rank: int) -> list[int]:
+    """Every axis, and the negative spelling of the last one."""
+    return list(range(rank)) + ([-1] if rank else [])
+
+
+def _axes_sweep(rank: int) -> list[tuple[int, ...]]:
+    """Each single axis, the last as -1, each adjacent pair, and () meaning all axes."""
+    out: list[tuple[int, ...]] = [()]
+    out += [(a,) for a in range(rank)]
+    if rank:
+        out.append((-1,))
+    out += [(a, a + 1) for a in range(rank - 1)] if rank > 2 else []
+    return out
+
+
+def attr_combinations(spec: OpSpec, shapes: Sequence[Shape]) -> Iterator[dict[str, Any]]:
+    rank = len(shapes[0]) if shapes else 0
+    axes: list[list[tuple[str, Any]]] = []
+    for a in spec.attrs:
+        if a.sweep == "axis":
+            vals: Iterable[Any] = _axis_sweep(rank)
+        elif a.sweep == "axes":
+            vals = _axes_sweep(rank)
+        elif callable(a.sweep):  # derived from the family's shapes
+            vals = a.sweep(shapes)
+        elif a.sweep is None:
+            vals = [a.default]
+        else:
+            vals = a.sweep
+        axes.append([(a.name, v) for v in vals])
+    for combo in itertools.product(*axes):
+        yield dict(combo)
+
+
+def shape_families(kind: str) -> dict[str, tuple[Shape, ...]]:
+    fams = data.load("shapes").get(kind)
+    if fams is None:
+        raise RlxError(f"cases/shapes/*.toml has no [{kind}] shape families")
+    return {name: tuple(tuple(s) for s in shapes) for name, shapes in fams.items()}
+
+
+def _matches(name: str, patterns: Sequence[str] | None) -> bool:
+    return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
+             dtypes: Sequence[str] | None = None,
+             supports=None) -> list[Case]:
+    """All cases for the given targets. ``ops``/``dtypes`` filter by glob; ``supports(target, op,
+    dtype)`` tells whether the target's backend declares the dtype (undeclared ones are still
+    generated: the matrix checks the declaration)."""
+    specs = [s for s in all_ops() if _matches(s.name, ops)]
+    if ops and not specs:
+        raise RlxError(f"no op matches {', '.join(ops)}")
+    cases: list[Case] = []
+    for spec in specs:
+        fams = shape_families(spec.shapes)
+        for t in spec.dtypes:
+            if not _matches(t, dtypes):
+                continue
+            for fam, shapes in fams.items():
+                if spec.generate is None and not spec.inputs[-1].variadic and len(shapes) != len(spec.inputs):
+                    continue
+                for attrs in attr_combinations(spec, shapes):
+                    try:
+                        if spec.generate is None:
+                            resolved, _ = spec.validate(shapes, spec.case_dtypes(t, len(shapes)), attrs)
+                        else:  # structured inputs: the family entry is not one shape per input
+                            resolved = spec.resolve_attrs(attrs)
+                    except SpecError:
+                        continue  # e.g. an axis sweep on a scalar, or min > max
+                    attr_items = tuple((a.name, resolved[a.name]) for a in spec.attrs)
+                    # An input set with no elements is the same under every value class.
+                    classes = spec.values[:1] if spec.generate is None and all(
+                        math.prod(sh) == 0 for sh in shapes) else spec.values
+                    for vals in classes:
+                        for tg in targets:
+                            declared = supports(tg, spec.name, t) if supports else True
+                            cases.append(Case(spec.name, t, shapes, fam, attr_items, vals, tg, declared))
+    return cases

@@ -1,0 +1,217 @@
+"""Error bounds for normalization, attention and rope: first-order rounding analyses of the
+textbook algorithms (Higham ch. 3-4 for the sums), valid for any summation order. ``u`` is the
+unit roundoff of the compute dtype (float16/bfloat16 compute in float32); the final rounding to
+the output dtype is the tolerance's max_ulp. Each bound is doubled to cover second-order terms
+and fused (fma) variants.
+
+Non-finite inputs: a NaN reaching an output propagates the same way in every algorithm, so those
+positions must match exactly (bound 0); infinities can legitimately become NaN or +-inf depending
+on the order of operations, so positions they reach are unasserted (NaN bound). Sums whose
+finite terms can overflow the compute dtype are unasserted too.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.judge.bounds.linalg import U64, gam
+
+SAFETY = 2.0
+
+
+def _u(out_dtype: str) -> float:
+    return dt.finfo(dt.compute_dtype(out_dtype)).unit_roundoff
+
+
+def _big(out_dtype: str) -> float:
+    return dt.finfo(dt.compute_dtype(out_dtype)).max
+
+
+def _finish(bound: np.ndarray, nan_at: np.ndarray, unasserted: np.ndarray) -> np.ndarray:
+    """Exact match (0) where a NaN propagates, NaN (unasserted) where the analysis does not hold."""
+    bound = np.where(nan_at, 0.0, bound)
+    return np.where(unasserted & ~nan_at, np.nan, bound)
+
+
+def _normalize_bound(x, g, b, axes, n, eps, out_dtype, rms: bool):
+    """Bound for y = z * gamma + beta, z the normalization of x over ``axes`` (n elements).
+
+    layer norm (two-pass): |mu^ - mu| <= e_mu = gamma_(n+1) mean|x|; |d^_i - d_i| <= e_d =
+    e_mu + u(|d_i| + e_mu); |v^ - v| <= e_v = gamma_(n+2) v + 2 mean(|d| e_d) + mean(e_d^2);
+    r = 1/sqrt(v + eps) has relative error rho = e_v / (2 (v + eps)) + 3u; then
+    |z^ - z| <= e_d r + |z| (rho + 2u). rms norm: e_ms = gamma_(n+1) mean(x^2), z = x r.
+    Rows where rho exceeds 1/4 (the first-order analysis fails) are unasserted."""
+    u = _u(out_dtype) + U64
+    x64, g64, b64 = (np.asarray(v, np.float64) for v in (x, g, b))
+    fin = np.isfinite(x64)
+    x0 = np.where(fin, x64, 0.0)
+    row_nan = np.isnan(x64).any(axis=axes, keepdims=True)
+    row_inf = np.isinf(x64).any(axis=axes, keepdims=True)
+    with np.errstate(all="ignore"):
+        if rms:
+            ms = np.mean(x0 * x0, axis=axes, keepdims=True)
+            e_v = gam(n + 1, u) * ms
+            v = ms
+            r = 1 / np.sqrt(ms + eps)
+            z = x0 * r
+            rho = e_v / (2 * (ms + eps)) + 3 * u
+            e_z = np.abs(z) * (rho + 2 * u)
+            over = np.sum(x0 * x0, axis=axes, keepdims=True) > _big(out_dtype)
+        else:
+            mu = np.mean(x0, axis=axes, keepdims=True)
+            d = x0 - mu
+            v = np.mean(d * d, axis=axes, keepdims=True)
+            e_mu = gam(n + 1, u) * np.mean(np.abs(x0), axis=axes, keepdims=True)
+            e_d = e_mu + u * (np.abs(d) + e_mu)
+            e_v = gam(n + 2, u) * v + 2 * np.mean(np.abs(d) * e_d, axis=axes, keepdims=True) \
+                + np.mean(e_d * e_d, axis=axes, keepdims=True)
+            r = 1 / np.sqrt(v + eps)
+            z = d * r
+            rho = e_v / (2 * (v + eps)) + 3 * u
+            e_z = e_d * r + np.abs(z) * (rho + 2 * u)
+            over = (np.sum(np.abs(x0), axis=axes, keepdims=True) > _big(out_dtype)) | \
+                (np.sum(d * d, axis=axes, keepdims=True) > _big(out_dtype))
+        y = z * g64 + b64
+        bound = SAFETY * (np.abs(g64) * e_z + 2 * u * (np.abs(z * g64) + np.abs(b64)))
+        bad_rows = over | (rho > 0.25) | ~np.isfinite(v + eps) | ((v + eps) == 0)
+        unasserted = np.broadcast_to(bad_rows | row_inf, x64.shape) | np.isinf(g64) | np.isinf(b64) | \
+            (np.abs(y) + bound > _big(out_dtype))
+    nan_at = np.broadcast_to(row_nan, x64.shape) | np.isnan(g64) | np.isnan(b64)
+    return _finish(bound, nan_at, unasserted)
+
+
+def layer_norm_bound(inputs, attrs, out_dtype):
+    x, g, b = inputs
+    if x.size == 0:
+        return np.zeros(x.shape)
+    axis = attrs["axis"] % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    return _normalize_bound(x, g, b, axes, math.prod(x.shape[axis:]), attrs["eps"], out_dtype, rms=False)
+
+
+def rms_norm_bound(inputs, attrs, out_dtype):
+    x, g, b = inputs
+    if x.size == 0:
+        return np.zeros(x.shape)
+    axis = attrs["axis"] % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    return _normalize_bound(x, g, b, axes, math.prod(x.shape[axis:]), attrs["eps"], out_dtype, rms=True)
+
+
+def group_norm_bound(inputs, attrs, out_dtype):
+    x, g, b = inputs
+    if x.size == 0:
+        return np.zeros(x.shape)
+    n_, c = x.shape[:2]
+    groups = attrs["num_groups"]
+    xg = x.reshape((n_, groups, -1))
+    per = (1, c) + (1,) * (x.ndim - 2)
+    gb = np.broadcast_to(g.reshape(per), x.shape).reshape(xg.shape)
+    bb = np.broadcast_to(b.reshape(per), x.shape).reshape(xg.shape)
+    out = _normalize_bound(xg, gb, bb, (2,), xg.shape[2], attrs["eps"], out_dtype, rms=False)
+    return out.reshape(x.shape)
+
+
+def batch_norm_bound(inputs, attrs, out_dtype):
+    """y = (x - m) r gamma + beta, r = 1/sqrt(var + eps); also computed as x s + (beta - m s) with
+    s = gamma r (the folded inference form), whose cancellation costs u (|x| + |m|) |s|. Allowed:
+    4u (|x| + |m|) |gamma| r + 3u (|y| + |beta|), doubled. Unasserted where an intermediate of
+    either form can overflow the compute dtype (the float64 reference does not)."""
+    x, g, b, m, var = (np.asarray(v, np.float64) for v in inputs)
+    u = _u(out_dtype) + U64
+    eps = attrs["eps"]
+    with np.errstate(all="ignore"):
+        r = 1 / np.sqrt(var + eps)
+        y = (x - m) * r * g + b
+        bound = SAFETY * (4 * u * (np.abs(x) + np.abs(m)) * np.abs(g) * r + 3 * u * (np.abs(y) + np.abs(b)))
+    arrays = np.broadcast_arrays(x, g, b, m, var)
+    nan_at = np.any([np.isnan(a) for a in arrays], axis=0) | (var + eps < 0)
+    with np.errstate(all="ignore"):  # an intermediate (x - m, its scaled forms) may overflow
+        inter = (np.abs(x) + np.abs(m)) * np.maximum(1, r) * np.maximum(1, np.abs(g)) + np.abs(b)
+        unasserted = np.any([np.isinf(a) for a in arrays], axis=0) | ~np.isfinite(bound) | \
+            (var + eps == 0) | (np.abs(y) + bound > _big(out_dtype)) | (inter > _big(out_dtype))
+    return _finish(bound, nan_at, unasserted)
+
+
+def attention_bound(inputs, attrs, out_dtype):
+    """Scores s_ij = scale q_i.k_j have |error| <= e_ij = gamma_D scale |q_i|.|k_j| + u |s_ij| (+ 3u
+    |capped score| for the softcap, which is 1-Lipschitz, + u(|s| + |bias|) for a bias). With
+    E_i = max over attended j of e_ij, softmax weights change by at most a factor exp(+-2 E_i)
+    and carry (Sk + 4) u of their own rounding, and the weighted sum of values adds gamma_Sk:
+    |o_id - o^_id| <= (expm1(2 E_i) + 2 (Sk + 4) u + gamma_Sk) sum_j p_ij |v_jd|."""
+    from rlx_conformance.ops.nn import allowed_keys, attention_dims
+
+    q, k, v, mask = inputs
+    b, sq, sk, h, hkv, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
+    u = _u(out_dtype) + U64
+    scale = attrs["score_scale"] or 1 / math.sqrt(d)
+    cap = attrs["logit_softcap"]
+    kind = attrs["mask_kind"]
+    qh = q.astype(np.float64).reshape(b, sq, h, d).transpose(0, 2, 1, 3)
+    rep = h // hkv
+    kh = np.repeat(k.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), rep, axis=1)
+    vh = np.repeat(v.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), rep, axis=1)
+    with np.errstate(all="ignore"):
+        s = scale * qh @ np.swapaxes(kh, -1, -2)
+        e = gam(d, u) * scale * (np.abs(qh) @ np.abs(np.swapaxes(kh, -1, -2))) + u * np.abs(s)
+        if cap > 0:
+            s = cap * np.tanh(s / cap)
+            e = e + 3 * u * np.abs(s)
+        allowed = np.broadcast_to(allowed_keys(kind, attrs["window"], sq, sk), s.shape)
+        if kind == "custom":
+            allowed = np.broadcast_to(mask.astype(np.float64), s.shape) != 0
+        elif kind == "bias":
+            bias = np.broadcast_to(mask.astype(np.float64), s.shape)
+            e = e + u * (np.abs(s) + np.abs(bias))
+            s = s + bias
+            allowed = bias > -np.inf
+        s = np.where(allowed, s, -np.inf)
+        mx = np.max(s, axis=-1, keepdims=True)
+        p = np.exp(s - mx)
+        p = p / p.sum(-1, keepdims=True)
+        big_e = np.max(np.where(allowed, e, 0.0), axis=-1, keepdims=True)
+        rel = np.expm1(2 * big_e) + 2 * (sk + 4) * u + gam(sk, u)
+        bound = SAFETY * rel * (p @ np.abs(vh))  # [b, h, sq, d]
+    bound = np.where(np.isfinite(bound), bound, np.nan)
+    return bound.transpose(0, 2, 1, 3).reshape(b, sq, h * d)
+
+
+def rope_pairs(x: np.ndarray, head_dim: int, n_rot: int, style: str):
+    """Views (x1, x2) of x [..., S, H, head_dim] paired for rotation, and the pass-through part."""
+    half = n_rot // 2
+    if style == "neox":
+        return x[..., :half], x[..., half:n_rot], x[..., n_rot:]
+    return x[..., 0:n_rot:2], x[..., 1:n_rot:2], x[..., n_rot:]
+
+
+def rope_bound(inputs, attrs, out_dtype):
+    """x1 c - x2 s (and x2 c + x1 s): two products and one sum, |error| <= 3u (|x1 c| + |x2 s|)
+    (doubled); pass-through dims are exact. Non-finite inputs propagate deterministically
+    (IEEE, no reassociation possible), so they must match exactly, unless a finite product
+    overflows the compute dtype (the float64 reference would not): unasserted there."""
+    x, c, s = inputs
+    hd, nr = attrs["head_dim"], attrs["n_rot"]
+    u = _u(out_dtype) + U64
+    xs = x.astype(np.float64).reshape(x.shape[:-1] + (x.shape[-1] // hd, hd))
+    c64 = c.astype(np.float64)[:, None, :]
+    s64 = s.astype(np.float64)[:, None, :]
+    x1, x2, _ = rope_pairs(xs, hd, nr, attrs["style"])
+    big = _big(out_dtype)
+
+    def one(a, ca, b, cb):
+        """Bound for a*ca -/+ b*cb."""
+        with np.errstate(all="ignore"):
+            ta, tb = np.abs(a * ca), np.abs(b * cb)
+            fa = np.isfinite(a) & np.isfinite(ca)
+            fb = np.isfinite(b) & np.isfinite(cb)
+            # a finite product that overflows the compute dtype: order/precision-dependent
+            over = (fa & (ta > big)) | (fb & (tb > big)) | (fa & fb & (ta + tb > big))
+            return np.where(over, np.nan, np.where(fa & fb, SAFETY * 3 * u * (ta + tb), 0.0))
+
+    out = np.zeros(xs.shape)
+    b1, b2, _ = rope_pairs(out, hd, nr, attrs["style"])
+    b1[...] = one(x1, c64, x2, s64)
+    b2[...] = one(x2, c64, x1, s64)
+    return out.reshape(x.shape)

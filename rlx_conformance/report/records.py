@@ -1,0 +1,130 @@
+"""Reading a results.json back for the sinks that work after a run (HTML, diff, lockfile, JUnit,
+error statistics). They take the case records as results.json holds them (``CaseResult.to_json``),
+not CaseResult objects, so that a file from another machine or a newer harness, with fields this
+one does not know (oracle errors, budgets), still reports and keeps those fields."""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlx_conformance.core import results as res
+from rlx_conformance.core.errors import RlxError
+
+Record = dict[str, Any]
+# (op, dtype, target): the unit of the scoreboard, the error statistics and the tolerance lock;
+# target is "backend-device-mode[-variant]" as in case ids, e.g. ("exp", "float32", "mlx-cpu-compiled").
+GroupKey = tuple[str, str, str]
+
+# Severity, worst first: a scoreboard cell shows the worst outcome among its cases. skip ranks
+# below pass so that a cell of passes and skips reads as passing.
+SEVERITY = ("crash", "timeout", "contract", "error", "fail", "xpass", "xfail", "pass", "skip")
+
+
+@dataclass
+class Report:
+    """One results.json: run metadata, summary and case records."""
+
+    path: Path
+    run: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, int] = field(default_factory=dict)
+    cases: list[Record] = field(default_factory=list)
+    stability: dict[str, Any] | None = None  # the run's bit-stability section, where it has one
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+    def by_id(self) -> dict[str, Record]:
+        return {c["id"]: c for c in self.cases}
+
+
+def results_path(path: str | Path) -> Path:
+    """A results.json (or results.json.gz, as the committed baseline is kept) given itself or the
+    report directory that holds it."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json" if (p / "results.json").is_file() else p / "results.json.gz"
+    if not p.is_file():
+        raise RlxError(f"no results file at {p}")
+    return p
+
+
+def load(path: str | Path) -> Report:
+    p = results_path(path)
+    try:
+        doc = res.load_results(p)
+    except json.JSONDecodeError as e:
+        raise RlxError(f"{p}: not valid JSON ({e})") from None
+    except ValueError as e:
+        raise RlxError(str(e)) from None
+    cases = doc.get("cases") or []
+    summary = doc.get("summary") or summarize(cases)
+    stab = doc.get("stability")
+    return Report(path=p, run=doc.get("run") or {}, summary=summary, cases=cases,
+                  stability=stab if isinstance(stab, dict) else None)
+
+
+def summarize(cases: list[Record]) -> dict[str, int]:
+    """Counts per outcome (every outcome present, plus total), as results.summarize does."""
+    c = Counter(r.get("outcome") for r in cases)
+    return {o: c.get(o, 0) for o in res.OUTCOMES} | {"total": len(cases)}
+
+
+def measure(v: Any) -> float | None:
+    """A measured error as results.json stores it: a number, "inf"/"-inf", or null (not measured,
+    or NaN, which results.json cannot tell apart)."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            return None
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+def brief(rec: Record | None) -> dict[str, Any]:
+    """A record in short, for the lists of diff.json and pair.json: outcome, errors, first line."""
+    if rec is None:
+        return {"outcome": None}
+    msg = (rec.get("message") or "").splitlines()
+    return {"outcome": rec.get("outcome"), "max_ulp": rec.get("max_ulp"),
+            "max_rel_err": rec.get("max_rel_err"), "message": msg[0][:300] if msg else ""}
+
+
+def target(rec: Record) -> str:
+    """The target as case ids spell it (matrix.Target's str), variant included when there is one."""
+    base = f"{rec['backend']}-{rec['device']}-{rec['mode']}"
+    return f"{base}-{rec['variant']}" if rec.get("variant") else base
+
+
+def group_key(rec: Record) -> GroupKey:
+    return (rec["op"], rec["dtype"], target(rec))
+
+
+def key_str(key: GroupKey) -> str:
+    """"op/dtype/target", the lockfile's and the JSON outputs' spelling of a group."""
+    return "/".join(key)
+
+
+def parse_key(s: str) -> GroupKey:
+    op, sep, rest = s.partition("/")
+    dtype, sep2, tgt = rest.partition("/")
+    if not (sep and sep2 and op and dtype and tgt.count("-") in (2, 3)):
+        raise RlxError(f"bad group key {s!r}: expected op/dtype/backend-device-mode[-variant]")
+    return (op, dtype, tgt)
+
+
+def is_bad(outcome: str | None) -> bool:
+    return outcome in res.BAD
+
+
+def worst(outcomes) -> str:
+    """The most severe of some outcomes (an unknown outcome counts as worst of all)."""
+    rank = {o: i for i, o in enumerate(SEVERITY)}
+    return min(outcomes, key=lambda o: rank.get(o, -1))

@@ -1,0 +1,387 @@
+"""Repro bundles: for each case that fails a run, a folder under ``<report>/repro/`` with what it
+takes to reproduce the failure without this harness.
+
+::
+
+    inputs.npz     the exact inputs (bfloat16 as uint16 bits: npz without pickle has no ml_dtypes)
+    expected.npz   the CPU reference's outputs, plus per-output error bounds / undefined masks
+    actual.npz     the backend's outputs (absent when it crashed, hung or raised)
+    case.json      id, op, attrs, dtypes, shapes, target, seed, policy, outcome, message, versions
+    repro.py       standalone: numpy + ml_dtypes + mlx (+ scipy for some judges), not rlx_conformance
+
+Bundles are written where the arrays are: in the worker that ran the case (BundleSink.collect,
+called by the runner), or, for a crash or timeout, in the parent from regenerated inputs and
+reference. ``repro.py`` is assembled from the harness's own code by portable.Extractor (the MLX
+kernel, the judge, repro_runtime), so it runs the same call and the same comparison.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import sys
+import sysconfig
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.core import results as res
+from rlx_conformance.judge.compare import EXACT
+from rlx_conformance.generate.matrix import Case, make_inputs
+from rlx_conformance.core.results import CaseResult
+
+DIRNAME = "repro"  # under the report directory
+# Outcomes that get a bundle: those that fail a run, except xpass (nothing left to reproduce).
+BUNDLED = tuple(o for o in res.BAD if o != "xpass")
+
+
+def bundle_name(case_id: str) -> str:
+    """A folder name for a case id: readable, one path component, distinct for distinct ids."""
+    s = case_id.replace("/", "__").replace(":", "=")
+    safe = re.sub(r"[^A-Za-z0-9._+=-]", "_", s)
+    if safe != s or len(safe) > 150:
+        safe = f"{safe[:130]}-{hashlib.sha256(case_id.encode()).hexdigest()[:12]}"
+    return safe
+
+
+@dataclass(frozen=True)
+class BundleSink:
+    """Where a run writes bundles (picklable: it travels to the workers). ``always``: every case
+    it sees (the repro command), not only those that fail the run."""
+
+    report_dir: Path
+    always: bool = False
+    timeout: float | None = None  # the run's per-case limit, repro.py's default alarm
+
+    def collect(self, case: Case, r: CaseResult, capture: dict[str, Any] | None) -> None:
+        """Write the bundle of ``r`` if wanted and set ``r.repro``. ``capture``: the arrays from
+        execute.run_case; None regenerates inputs and reference (a crashed or hung worker's case).
+        A bundle that cannot be written is noted in the message; the run goes on."""
+        from rlx_conformance.run.runner import apply_divergence
+
+        final = apply_divergence(case, dataclasses.replace(r))  # as the run will report it
+        if not (self.always or final.outcome in BUNDLED):
+            return
+        try:
+            if capture is None:
+                folder = self._regenerated(case, final)
+            else:
+                folder = write_bundle(case, final, self.report_dir / DIRNAME, capture, timeout=self.timeout,
+                                      judged=r.outcome)
+            r.repro = str(folder.relative_to(self.report_dir))
+        except Exception as e:  # noqa: BLE001 — a bundle must never cost the case its result
+            r.message = f"{r.message} [repro bundle not written: {type(e).__name__}: {e}]".strip()
+
+    def _regenerated(self, case: Case, final: CaseResult) -> Path:
+        """The bundle of a case whose worker died or hung, from regenerated inputs and reference,
+        written by a child process: the reference may be what crashed or took so long."""
+        from rlx_conformance.run.runner import _context
+
+        ctx = _context()
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_write_regenerated, args=(child, case, final, self.report_dir / DIRNAME,
+                                                           self.timeout), daemon=True)
+        p.start()
+        child.close()
+        limit = self.timeout or 60.0
+        try:
+            got = parent.recv() if parent.poll(limit + 30) else None  # + importing MLX in the child
+        except (EOFError, OSError):  # the child died
+            got = None
+        p.join(1 if got else 0)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        if got is None:
+            raise RuntimeError(f"regenerating the inputs and reference failed (child exit {p.exitcode})")
+        if isinstance(got, str):
+            raise RuntimeError(got)
+        return got
+
+
+def _write_regenerated(conn: Any, case: Case, final: CaseResult, root: Path, timeout: float | None) -> None:
+    try:
+        conn.send(write_bundle(case, final, root, regenerate(case), timeout=timeout))
+    except Exception as e:  # noqa: BLE001 — reported to the parent
+        conn.send(f"{type(e).__name__}: {e}")
+
+
+def regenerate(case: Case) -> dict[str, Any]:
+    """Inputs and reference of a case from its id alone (bit-identical to what the worker had)."""
+    from rlx_conformance.backends import get_backend
+
+    inputs = make_inputs(case)
+    try:
+        expected: Any = get_backend("cpu").run(case.op, [x.copy() for x in inputs], case.attr_dict)
+    except Exception as e:  # noqa: BLE001 — no reference: the bundle says so
+        expected = e
+    return {"inputs": inputs, "expected": expected}
+
+
+def reproduce(case: Case, report_dir: Path) -> CaseResult:
+    """Run one case in this process and write its bundle whatever the outcome (the bundle of a
+    passing case gives a repro.py that exits 0)."""
+    from rlx_conformance.run.execute import run_case
+    from rlx_conformance.run.runner import apply_divergence
+
+    capture: dict[str, Any] = {}
+    r = run_case(case, capture)
+    BundleSink(Path(report_dir), always=True).collect(case, r, capture)
+    return apply_divergence(case, r)
+
+
+# -- writing -------------------------------------------------------------------------------------
+def _describe(arrays: list[np.ndarray]) -> list[dict[str, Any]]:
+    return [{"dtype": dt.name_of(a.dtype), "shape": list(a.shape),
+             **({"stored_as": "uint16 bits"} if a.dtype.name == "bfloat16" else {})} for a in arrays]
+
+
+def _savez(path: Path, prefix: str, arrays: list[np.ndarray], extra: dict[str, np.ndarray] | None = None) -> None:
+    from rlx_conformance.run.repro_runtime import encode
+
+    np.savez(path, **{f"{prefix}{k}": encode(a) for k, a in enumerate(arrays)},
+             **(extra or {}))
+
+
+def judge_plan(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray]
+               ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """How execute.judge judges this case, in data: the op's own judge (by name), or per output
+    exactness, signed zeros, tolerance, and the error bound and undefined-input mask as arrays
+    (they depend on the inputs only)."""
+    from rlx_conformance.judge.tolerances import tolerance_for
+
+    spec = case.spec
+    policy = spec.policy
+    if policy.check is not None:
+        return {"kind": "check", "function": getattr(policy.check, "__qualname__", "?"),
+                "reason": policy.check_reason}, {}
+    attrs = case.attr_dict
+    undefined = spec.undefined(inputs, attrs)
+    outputs, aux = [], {}
+    for k, e in enumerate(expected):
+        out_dt = dt.name_of(e.dtype)
+        exact = policy.exact or not dt.is_float(out_dt)
+        tol = EXACT if exact else tolerance_for(case.op, out_dt)
+        if policy.bound is not None and not exact:
+            aux[f"bound{k}"] = np.asarray(policy.bound(inputs, attrs, out_dt), np.float64)
+        if undefined is not None:
+            aux[f"skip{k}"] = np.broadcast_to(undefined, e.shape)
+        outputs.append({"exact": exact, "signed_zero": policy.signed_zero, "tolerance": tol.to_json(),
+                        "bound": f"bound{k}" in aux, "skip": f"skip{k}" in aux})
+    return {"kind": "elementwise", "outputs": outputs, "bound_reason": policy.bound_reason}, aux
+
+
+def versions() -> dict[str, Any]:
+    """The libraries a repro depends on, as they were when the bundle was written."""
+    out: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
+                           "machine": platform.machine()}
+    for name in ("numpy", "scipy", "mlx", "ml_dtypes"):
+        try:
+            mod = __import__(f"{name}.core" if name == "mlx" else name, fromlist=["__version__"])
+            out[name] = getattr(mod, "__version__", None)
+        except ImportError:
+            out[name] = None
+    return out
+
+
+def write_bundle(case: Case, r: CaseResult, root: Path, arrays: dict[str, Any], *,
+                 timeout: float | None = None, judged: str | None = None) -> Path:
+    """(Re)write the bundle of one case under ``root``; returns its folder. ``arrays``: inputs,
+    expected (a list, or the exception the reference raised) and actual (when the backend
+    returned). ``judged``: the harness's comparison verdict (pass/fail), which repro.py's judge
+    is checked against (case.json's self_check)."""
+    inputs: list[np.ndarray] = arrays["inputs"]
+    expected, actual = arrays.get("expected"), arrays.get("actual")
+    folder = Path(root) / bundle_name(case.id)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")  # repeats may write it concurrently
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    doc = _case_doc(case, r, inputs, timeout)
+    _savez(tmp / "inputs.npz", "in", inputs)
+    if actual is not None:
+        _savez(tmp / "actual.npz", "out", actual)
+    why = None
+    if expected is None:
+        why = "no reference outputs"
+    elif not isinstance(expected, list):
+        why = f"the CPU reference failed: {type(expected).__name__}: {expected}"
+    else:
+        plan, aux = judge_plan(case, inputs, expected)
+        doc.update(outputs=_describe(expected), judge=plan)
+        _savez(tmp / "expected.npz", "out", expected, aux)
+        if getattr(r, "oracle_verdict", None) == "reference-bug":
+            why = "the precise oracle found the CPU reference wrong here: repro.py would judge MLX against it"
+        else:
+            try:
+                run, src, entry_points = repro_script(case, inputs, expected, doc)
+                doc["run"] = run
+                (tmp / "repro.py").write_text(src)
+                if actual is not None and judged in ("pass", "fail"):
+                    doc["self_check"] = _self_check(src, entry_points, doc, inputs, expected, actual, aux, judged)
+            except Exception as e:  # noqa: BLE001 — a bundle without repro.py still has the arrays
+                why = f"{type(e).__name__}: {e}"
+                if not isinstance(e, _known_limits()):
+                    why += "\n" + "".join(traceback.format_exception(e)[-3:])
+    doc["repro_py"] = "repro.py" if (tmp / "repro.py").exists() else None
+    if why:
+        doc["repro_py_missing"] = why
+    (tmp / "case.json").write_text(json.dumps(res._jsonable(doc), indent=1, allow_nan=False) + "\n")
+    for _ in range(3):  # replace the old bundle; another process may be replacing it too
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            tmp.rename(folder)
+            break
+        except OSError:
+            continue
+    shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _case_doc(case: Case, r: CaseResult, inputs: list[np.ndarray], timeout: float | None) -> dict[str, Any]:
+    return {
+        "schema": "rlx-conformance/repro/v1", "id": case.id, "op": case.op, "dtype": case.dtype,
+        "attrs": res._jsonable(case.attr_dict), "shapes": [list(s) for s in case.shapes],
+        "family": case.family, "vals": case.vals, "backend": case.target.backend,
+        "device": case.target.device, "mode": case.target.mode, "seed": case.seed,
+        "declared": case.declared, "outcome": r.outcome, "message": r.message,
+        "max_abs_err": r.max_abs_err, "max_rel_err": r.max_rel_err, "max_ulp": r.max_ulp,
+        "divergence": r.divergence, "timeout_s": timeout, "versions": versions(),
+        "inputs": _describe(inputs)}
+
+
+def _known_limits() -> tuple[type[Exception], ...]:
+    from rlx_conformance.core.errors import RlxError
+    from rlx_conformance.run.portable import NotPortable
+
+    return (NotPortable, RlxError)
+
+
+# -- repro.py ------------------------------------------------------------------------------------
+_HEADER = '''#!/usr/bin/env python3
+"""Standalone repro of one rlx-conformance case:
+
+    {id}
+
+Recorded outcome: {outcome}{reason}
+Runs {op} on MLX ({device}, {mode} mode) on inputs.npz and judges the outputs against
+expected.npz (the CPU reference) as the harness does: {judge}.
+Exit 0: MLX agrees (fixed); 1: it disagrees or raises; killed by a signal: it still crashes.
+Options: --save OUT.npz (MLX's outputs), --timeout S.
+
+Needs {needs}; not rlx_conformance. Everything below is the harness's own code (the MLX
+kernel, its helpers, the judge), extracted by rlx_conformance.run.portable.
+"""
+'''
+
+
+def repro_script(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
+                 doc: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """For an MLX case: how the backend call runs (case.json's ``run``), repro.py's source, and
+    the names its judge and judge attributes got there (for the self-check)."""
+    from rlx_conformance.backends import get_backend
+    from rlx_conformance.backends.base import compute_dtypes
+
+    from rlx_conformance.run import repro_runtime
+    from rlx_conformance.core.errors import RlxError
+    from rlx_conformance.run.portable import Extractor, Source
+    from rlx_conformance.judge.tolerances import tolerance_for
+
+    if case.target.backend != "mlx":
+        raise RlxError(f"repro.py is written for MLX cases only, not {case.target.backend}")
+    backend = get_backend("mlx")
+    entry = backend.entry(case.op)
+    if not entry.native:
+        raise RlxError(f"{case.op} runs through the host delegate (the CPU kernel): nothing of MLX to reproduce")
+    spec = case.spec
+    in_dtypes = [dt.name_of(x.dtype) for x in inputs]
+    attrs, outs = spec.validate([x.shape for x in inputs], in_dtypes, case.attr_dict)
+    out_dtypes = [d for _, d in outs]
+    run = {"in_dtypes": in_dtypes, "compute_dtypes": compute_dtypes(spec, in_dtypes),
+           "out_dtypes": out_dtypes, "stream": backend.stream_for(entry, in_dtypes + out_dtypes, case.target.device)}
+    table = {}
+    for d in dt.FLOATS:
+        try:
+            table[(case.op, d)] = tolerance_for(case.op, d)
+        except RlxError:
+            pass
+    frozen = Source("tolerance_for", "def tolerance_for(op, dtype):\n"
+                    "    \"\"\"cases/tolerances.toml's entries for this op, as recorded.\"\"\"\n"
+                    "    return TOLERANCES[(op, dtype)]\n", {"TOLERANCES": table})
+    ex = Extractor(replace={tolerance_for: frozen}, local=_own_module(entry.fn))
+    fn, check = entry.fn, spec.policy.check
+    kernel = ex.bind("kernel" if fn.__name__ == "<lambda>" else fn.__name__, fn, root=True)
+    judge = "None" if check is None else ex.bind(check.__name__, check)
+    names = [ex.bind(n, v) for n, v in (("main", repro_runtime.main), ("sys", sys), ("pathlib", pathlib))]
+    kernel_attrs, judge_attrs = ex.bind("KERNEL_ATTRS", attrs), ex.bind("JUDGE_ATTRS", case.attr_dict)
+    tail = (f"KERNEL = {kernel}  # backends/mlx: the kernel registered for {case.op}\n"
+            f"CHECK = {judge}  # the op's own judge (None: compare() per output)\n\n"
+            "if __name__ == \"__main__\":\n"
+            f"    {names[1]}.exit({names[0]}({names[2]}.Path(__file__).resolve().parent, KERNEL, {kernel_attrs}, "
+            f"CHECK, {judge_attrs}))\n")
+    body = ex.source()
+    needs = ["numpy", "ml_dtypes", "mlx"] + (["scipy"] if re.search(r"^(import|from) scipy", body, re.M) else [])
+    first = (doc["message"] or "").splitlines()[0][:300] if doc["message"] else ""
+    how = (f"the op's own judge ({doc['judge']['reason'] or doc['judge']['function']})"
+           if doc["judge"]["kind"] == "check" else "compare() per output with the recorded tolerance"
+           + (", error bounds" if any(o["bound"] for o in doc["judge"]["outputs"]) else "")
+           + (", undefined inputs masked" if any(o["skip"] for o in doc["judge"]["outputs"]) else ""))
+    header = _HEADER.format(**{k: _docstring_safe(v) for k, v in dict(
+        id=case.id, outcome=doc["outcome"], reason=f" — {first}" if first else "", op=case.op,
+        device=case.target.device, mode=case.target.mode, judge=how, needs=", ".join(needs)).items()})
+    entry_points = {"judge_outputs": ex.name_of(repro_runtime.judge_outputs), "judge_attrs": judge_attrs}
+    return run, header + "from __future__ import annotations\n\n" + body + "\n" + tail, entry_points
+
+
+def _docstring_safe(text: str) -> str:
+    """Text that cannot end or break repro.py's docstring (messages hold quotes, backslashes)."""
+    return text.replace("\\", "\\\\").replace('"""', "'''")
+
+
+def _own_module(fn: Any) -> list[str]:
+    """A contributed kernel's own module (neither the harness nor an installed library): embedded
+    as source too, so that repro.py does not import it."""
+    mod = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(mod, "__file__", None)
+    if not isinstance(fn, types.FunctionType) or not path:
+        return []
+    p = Path(path).resolve()
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    if {"site-packages", "dist-packages"} & set(p.parts) or stdlib in p.parents:
+        return []
+    return [fn.__module__.split(".")[0]]
+
+
+def _self_check(src: str, entry_points: dict[str, str], doc: dict[str, Any], inputs: list[np.ndarray],
+                expected: list[np.ndarray], actual: list[np.ndarray], aux: dict[str, np.ndarray],
+                judged: str) -> str:
+    """Does repro.py's judge reach the harness's verdict (``judged``: pass or fail) on the
+    recorded outputs? Its definitions run here; its MLX call does not."""
+    mod = types.ModuleType("_rlx_repro_self_check")  # dataclasses look their module up
+    ns = mod.__dict__
+    sys.modules[mod.__name__] = mod
+    try:
+        exec(compile(src, "repro.py", "exec"), ns)  # noqa: S102 — our own generated source
+        n = len(expected)
+        extra = {k: [aux.get(f"{k}{i}") for i in range(n)] for k in ("bound", "skip")}
+        comps = ns[entry_points["judge_outputs"]](doc, inputs, expected, actual, extra, ns["CHECK"],
+                                                  ns[entry_points["judge_attrs"]])
+    except Exception as e:  # noqa: BLE001 — recorded, not raised
+        return f"repro.py's judge raised {type(e).__name__}: {e}"
+    finally:
+        del sys.modules[mod.__name__]
+    says = "pass" if all(c.ok for c in comps) else "fail"
+    if says == judged:
+        return "agrees"
+    note = "" if doc["declared"] else (" (declared unsupported: the harness fails a dtype that runs "
+                                       "and matches; repro.py judges the values only)")
+    return f"disagrees: repro.py's judge says {says}, the harness's comparison said {judged}{note}"

@@ -1,0 +1,400 @@
+"""Exhaustive sweeps: every unary float op on all 65,536 float16 and all 65,536 bfloat16 bit
+patterns (optionally a deterministic float32 sample covering every exponent), on the CPU
+reference and on each target, against the precise oracle (precise.py), judged by the op's
+accuracy budget (cases/accuracy.toml).
+
+One job per (op, attributes, dtype): a worker process makes the inputs, computes the oracle (or
+loads it from the disk cache: deterministic, keyed by op, attributes, dtype and the oracle's
+source digest), then runs the reference and each target with ONE call on the whole array and
+reports a row per target as it finishes. A worker that dies (a signal from native code) or hangs
+is replaced: the target it was running is recorded as ``crash`` / ``timeout`` and the job's
+remaining targets go on in a fresh worker.
+
+A row fails when any asserted position is over budget (value, NaN or inf mismatch; the sign of
+zero where the op's policy asserts it). Positions the spec leaves undefined (OpSpec.undefined)
+get no assertion. Known divergences (cases/known_divergences.toml) match a row through its
+pseudo case id ``op/dtype/shape:N/<attrs>/vals:exhaustive/<target>``: a failing row inside an
+entry is ``xfail``; a clean row inside an entry scoped to ``vals:exhaustive`` is ``xpass``. The
+reference never xfails: over budget there is a reference bug.
+
+API for other fronts (the nightly): :func:`run_exhaustive`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import itertools
+import json
+import os
+import signal
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.judge import precise
+from rlx_conformance.core.errors import RlxError
+from rlx_conformance.generate.matrix import Case, Target
+
+SCHEMA = "rlx-conformance/exhaustive/v1"
+DTYPES = ("float16", "bfloat16", "float32")
+REFERENCE = Target("cpu", "cpu", "eager")
+BAD = ("fail", "xpass", "error", "crash", "timeout")
+WORST = 5  # worst inputs reported per row
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("RLX_CONFORMANCE_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rlx-conformance"
+    return base / "oracle"
+
+
+# -- what is swept ---------------------------------------------------------------------------------
+def unary_ops(globs: Sequence[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(op, attrs) of every unary op with a float oracle: one float input, float output; each
+    combination of attribute sweeps (clamp's bounds; cast to every float dtype)."""
+    from rlx_conformance.spec.registry import all_ops
+
+    out = []
+    for spec in all_ops():
+        if (len(spec.inputs) != 1 or spec.inputs[0].dtypes != "T" or spec.name not in precise.ELEMENTWISE
+                or not {"float16", "bfloat16"} & set(spec.dtypes) or spec.policy.check is not None):
+            continue
+        if globs and not any(fnmatch.fnmatchcase(spec.name, g) for g in globs):
+            continue
+        sweeps = []
+        for a in spec.attrs:
+            vals = a.sweep if isinstance(a.sweep, tuple) else (a.default,)
+            if spec.name == "cast" and a.name == "to":
+                vals = dt.FLOATS
+            sweeps.append([(a.name, v) for v in vals])
+        for combo in itertools.product(*sweeps):
+            out.append((spec.name, spec.resolve_attrs(dict(combo))))
+    return out
+
+
+def inputs_for(dtype: str, f32_sample: int = 0) -> np.ndarray:
+    """Every bit pattern of float16 / bfloat16; for float32 a deterministic sample of about
+    ``f32_sample`` patterns covering every exponent (both signs): per biased exponent the
+    smallest, largest and evenly spaced significands."""
+    if dtype in ("float16", "bfloat16"):
+        return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dt.np_dtype(dtype))
+    if dtype != "float32":
+        raise RlxError(f"exhaustive: no sweep for {dtype} (float16, bfloat16, float32 sample)")
+    per = max(f32_sample // 512, 3)
+    mant = np.unique(np.concatenate([[0, 1, (1 << 23) - 1],
+                                     np.linspace(0, (1 << 23) - 1, per).astype(np.uint64)])).astype(np.uint32)
+    exps = np.arange(256, dtype=np.uint32)
+    bits = (exps[:, None] << 23 | mant[None, :]).reshape(-1)
+    bits = np.concatenate([bits, bits | np.uint32(0x80000000)])
+    return bits.view(np.float32)
+
+
+def _attr_label(attrs: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(attrs.items()))
+
+
+def pseudo_case(op: str, attrs: dict[str, Any], dtype: str, n: int, target: Target) -> Case:
+    """The case a row stands for (known divergences match rows through it)."""
+    from rlx_conformance.spec.registry import get_op
+
+    spec = get_op(op)
+    order = [a.name for a in spec.attrs]
+    return Case(op=op, dtype=dtype, shapes=((n,),), family="exhaustive",
+                attrs=tuple((k, attrs[k]) for k in order), vals="exhaustive", target=target)
+
+
+# -- the oracle, cached on disk --------------------------------------------------------------------
+def oracle_for(op: str, attrs: dict[str, Any], dtype: str, x: np.ndarray, out_dtype: str,
+               cache_dir: Path | None) -> np.ndarray:
+    import hashlib
+
+    key = hashlib.sha256(json.dumps([op, sorted((k, str(v)) for k, v in attrs.items()), dtype, out_dtype,
+                                     len(x), hashlib.sha256(x.tobytes()).hexdigest(), precise.version()])
+                         .encode()).hexdigest()[:24]
+    path = cache_dir / f"{op}-{dtype}-{key}.npy" if cache_dir else None
+    if path is not None and path.exists():
+        try:
+            bits = np.load(path)
+            return bits.view(dt.np_dtype(out_dtype))
+        except (OSError, ValueError):
+            pass  # a torn file: recompute
+    with np.errstate(all="ignore"):
+        y = precise.compute(op, [x], attrs, [out_dtype])[0]
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+        np.save(tmp, y.view(dt.finfo(out_dtype).uint))
+        os.replace(tmp, path)
+    return y
+
+
+# -- judging one output ------------------------------------------------------------------------------
+def _hex(v: np.ndarray) -> str:
+    fi = dt.finfo(dt.name_of(v.dtype))
+    return f"0x{int(np.asarray(v).view(fi.uint)):0{fi.bits // 4}x}"
+
+
+def judge_row(op: str, attrs: dict[str, Any], x: np.ndarray, got: np.ndarray, want: np.ndarray,
+              ftz: bool) -> dict[str, Any]:
+    from rlx_conformance.judge.accuracy import budget_for, measure
+    from rlx_conformance.spec.registry import get_op
+
+    spec = get_op(op)
+    out_dtype = dt.name_of(want.dtype)
+    budget = budget_for(op, out_dtype)
+    undefined = spec.undefined([x], attrs)
+    m = measure(got, want, budget, skip=undefined, signed_zero=spec.policy.signed_zero, ftz=ftz,
+                compute_dtype=dt.compute_dtype(out_dtype))
+    from rlx_conformance.judge.compare import ulp_distance
+
+    with np.errstate(all="ignore"):
+        ulp = ulp_distance(got, want)
+    score = np.where(m.over_mask, np.inf, 0.0) + np.where(np.isnan(ulp), 0.0, ulp)
+    if undefined is not None:
+        score = np.where(np.broadcast_to(undefined, score.shape), -1.0, score)
+    order = np.argsort(-score, kind="stable")[:WORST]
+    worst = [{"input": _hex(x[i]), "x": float(x[i]), "want": float(want[i]), "got": float(got[i]),
+              "ulp": None if np.isnan(ulp[i]) else float(ulp[i]), "over_budget": bool(m.over_mask[i])}
+             for i in order if score[i] > 0]
+    return {"n": int(x.size), "checked": m.checked, "max_ulp": m.max_ulp, "over_budget": m.over,
+            "nan_mismatch": m.nan, "inf_mismatch": m.inf, "signed_zero_mismatch": m.signed_zero,
+            "signed_zero_asserted": spec.policy.signed_zero, "ftz_used": m.ftz,
+            "budget": budget.to_json(), "worst": worst}
+
+
+# -- worker ------------------------------------------------------------------------------------------
+def _run_one(job: dict[str, Any], target: Target, x: np.ndarray, want: np.ndarray) -> dict[str, Any]:
+    from rlx_conformance.backends import get_backend
+
+    from rlx_conformance.core.errors import UnsupportedError
+
+    op, attrs = job["op"], job["attrs"]
+    t0 = time.perf_counter()
+    b = get_backend(target.backend)
+    try:
+        with np.errstate(all="ignore"):
+            got = b.run(op, [x.copy()], attrs, target.device, target.mode)[0]
+    except UnsupportedError as e:
+        return {"outcome": "skip", "message": str(e), "seconds": time.perf_counter() - t0}
+    except Exception as e:  # noqa: BLE001 — a kernel failure is a row, not a dead sweep
+        return {"outcome": "error", "message": f"{type(e).__name__}: {e}", "seconds": time.perf_counter() - t0}
+    row = judge_row(op, attrs, x, got, want, b.flushes_subnormals(target.device))
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def _worker_main(conn, init: str | None) -> None:
+    from rlx_conformance.run.runner import run_init
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    run_init(init)
+    conn.send(("ready", None))
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        try:
+            x = inputs_for(job["dtype"], job["f32_sample"])
+            out_dtype = job["attrs"].get("to", job["dtype"]) if job["op"] == "cast" else job["dtype"]
+            t0 = time.perf_counter()
+            want = oracle_for(job["op"], job["attrs"], job["dtype"], x, out_dtype,
+                              Path(job["cache"]) if job["cache"] else None)
+            oracle_s = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 — the oracle's failure is the harness's: every row errors
+            for i in range(job["next"], len(job["targets"])):
+                conn.send((i, {"outcome": "error", "message": f"harness error in the oracle: {type(e).__name__}: {e}"}))
+            conn.send(("done", None))
+            continue
+        for i in range(job["next"], len(job["targets"])):
+            conn.send(("start", i))
+            row = _run_one(job, Target.parse(job["targets"][i]), x, want)
+            row["oracle_s"] = oracle_s
+            conn.send((i, row))
+        conn.send(("done", None))
+
+
+def _context():
+    from rlx_conformance.run.runner import _context as runner_context
+
+    return runner_context()  # a forkserver with numpy and the reference preloaded (spawn on macOS)
+
+
+class _Pool:
+    """A few long-lived workers; one job at a time each; a dead or silent worker is replaced."""
+
+    def __init__(self, workers: int, timeout: float, init: str | None):
+        self.ctx = _context()
+        self.n, self.timeout, self.init = workers, timeout, init
+
+    def _spawn(self):
+        from rlx_conformance.run.runner import start_worker
+
+        p, conn = start_worker(self.ctx, _worker_main, (self.init,), "(an exhaustive sweep's worker)")
+        return {"proc": p, "conn": conn, "job": None, "deadline": float("inf"), "cur": None}
+
+    def run(self, jobs: list[dict[str, Any]], emit: Callable[[dict, int, dict], None]) -> None:
+        queue = deque(jobs)
+        pool = [self._spawn() for _ in range(min(self.n, len(jobs)))]
+        try:
+            while queue or any(w["job"] for w in pool):
+                for w in pool:
+                    if w["job"] is None and queue:
+                        w["job"] = queue.popleft()
+                        w["cur"] = None
+                        # the oracle of a cold cache takes a while: the first deadline is generous
+                        w["deadline"] = time.monotonic() + self.timeout + 600
+                        w["conn"].send(w["job"])
+                busy = [w for w in pool if w["job"]]
+                left = max(0.0, min(w["deadline"] for w in busy) - time.monotonic())
+                ready = wait([w["conn"] for w in busy] + [w["proc"].sentinel for w in busy], left)
+                for w in list(busy):
+                    dead = False
+                    while w["conn"] in ready or w["proc"].sentinel in ready:
+                        try:
+                            if not w["conn"].poll():
+                                dead = not w["proc"].is_alive()
+                                break
+                            i, msg = w["conn"].recv()
+                        except (EOFError, OSError):
+                            dead = True
+                            break
+                        if i == "done":
+                            w["job"] = None
+                            break
+                        if i == "start":
+                            w["cur"] = msg
+                            w["deadline"] = time.monotonic() + self.timeout
+                            continue
+                        emit(w["job"], i, msg)
+                        w["job"]["next"] = i + 1
+                    if w["job"] and (dead or time.monotonic() > w["deadline"]):
+                        job, timed_out = w["job"], not dead
+                        if timed_out:
+                            w["proc"].kill()
+                        w["proc"].join()
+                        i = w["cur"] if w["cur"] is not None else job["next"]
+                        code = w["proc"].exitcode
+                        sig = signal.Signals(-code).name if code is not None and code < 0 else f"exit code {code}"
+                        emit(job, i, {"outcome": "timeout" if timed_out else "crash", "message": (
+                            f"no result within {self.timeout:g} s; worker killed" if timed_out else
+                            f"worker process died ({sig}) while running this target")})
+                        job["next"] = i + 1
+                        if job["next"] < len(job["targets"]):
+                            queue.appendleft(job)
+                        pool.remove(w)
+                        pool.append(self._spawn())
+        finally:
+            from rlx_conformance.run.runner import stop_workers
+
+            stop_workers([(w["proc"], w["conn"]) for w in pool])
+
+
+# -- the sweep ------------------------------------------------------------------------------------
+def _verdict(row: dict[str, Any], job: dict[str, Any], target: Target) -> dict[str, Any]:
+    from rlx_conformance.judge.tolerances import known_divergence
+
+    if row.get("outcome") in ("skip", "error", "crash", "timeout"):
+        bad = row["outcome"] != "skip"
+    else:
+        bad = row["over_budget"] > 0
+        row["outcome"] = "fail" if bad else "pass"
+    if target == REFERENCE:
+        if bad and row["outcome"] == "fail":
+            row["message"] = ("reference bug: the CPU reference is over the accuracy budget on "
+                              f"{row['over_budget']} input(s)")
+        return row
+    n = row.get("n") or (1 << 16)
+    d = known_divergence(pseudo_case(job["op"], job["attrs"], job["dtype"], n, target))
+    if d is None or row["outcome"] == "skip":
+        return row
+    row["divergence"] = {"entry": d.index, "category": d.category, "reason": d.reason}
+    if bad:
+        row["message"] = f"known divergence ({d.category}): was {row['outcome']}: {row.get('message', '')}".rstrip(": ")
+        row["outcome"] = "xfail"
+    elif d.strict and d.id and "vals:exhaustive" in d.id:
+        row["outcome"] = "xpass"
+        row["message"] = (f"known divergence #{d.index} no longer reproduces: remove it from "
+                          "cases/known_divergences.toml")
+    return row
+
+
+def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
+                   dtypes: Sequence[str] | None = None, report_dir: Path | str | None = None, *,
+                   f32_sample: int = 0, workers: int | None = None, timeout: float = 120.0,
+                   cache_dir: Path | str | None | bool = True, reference: bool = True,
+                   init: str | None = None,
+                   on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Sweep the unary float ops (``ops``: name globs, default all) over ``dtypes`` (default
+    float16 and bfloat16; float32 needs ``f32_sample`` > 0) on the CPU reference (``reference``)
+    and each target, in isolated workers. Returns the report document (schema
+    rlx-conformance/exhaustive/v1: run, summary, rows) and writes it to
+    ``report_dir/exhaustive.json`` when a directory is given. ``cache_dir``: True = the default
+    oracle cache (default_cache_dir()), a path, or None/False for none. A row's ``outcome`` is
+    one of pass, fail, xfail, xpass, error, crash, timeout, skip; the run failed if any is in
+    BAD (``doc["failed"]``)."""
+    dtypes = list(dtypes or ("float16", "bfloat16"))
+    for d in dtypes:
+        if d not in DTYPES:
+            raise RlxError(f"exhaustive: dtype {d} not sweepable (float16, bfloat16, float32)")
+    if "float32" in dtypes and f32_sample <= 0:
+        dtypes.remove("float32")
+    cache = default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
+    sel = unary_ops(ops)
+    if not sel:
+        raise RlxError("exhaustive: no unary float op matches " + ", ".join(ops or []))
+    tlist = ([REFERENCE] if reference else []) + [t for t in targets if t != REFERENCE]
+    from rlx_conformance.spec.registry import get_op
+
+    jobs = []
+    for op, attrs in sel:
+        for d in dtypes:
+            if d in get_op(op).dtypes:
+                jobs.append({"op": op, "attrs": attrs, "dtype": d, "targets": [str(t) for t in tlist],
+                             "next": 0, "f32_sample": f32_sample, "cache": str(cache) if cache else None})
+    rows: list[dict[str, Any]] = []
+    started = _dt.datetime.now(_dt.timezone.utc)
+    t0 = time.perf_counter()
+
+    def emit(job, i, row):
+        target = Target.parse(job["targets"][i])
+        row = {"op": job["op"], "attrs": job["attrs"], "dtype": job["dtype"], "target": str(target),
+               "backend": target.backend, "device": target.device, "mode": target.mode, **row}
+        row = _verdict(row, job, target)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
+    n_workers = workers if workers is not None else min(os.cpu_count() or 1, 4)
+    _Pool(max(n_workers, 1), timeout, init).run(jobs, emit)
+    key = {(j["op"], _attr_label(j["attrs"]), j["dtype"]): k for k, j in enumerate(jobs)}
+    rows.sort(key=lambda r: (key[(r["op"], _attr_label(r["attrs"]), r["dtype"])], r["target"] != str(REFERENCE), r["target"]))
+    from rlx_conformance.core.results import run_metadata
+
+    summary = Counter(r["outcome"] for r in rows)
+    doc = {"schema": SCHEMA,
+           "run": run_metadata(start=started.isoformat(timespec="seconds"),
+                               wall_s=round(time.perf_counter() - t0, 3), targets=[str(t) for t in tlist],
+                               dtypes=dtypes, ops=sorted({op for op, _ in sel}), float32_sample=f32_sample,
+                               workers=n_workers, oracle_version=precise.version(),
+                               oracle_cache=str(cache) if cache else None,
+                               wide_longdouble=precise.WIDE_LONGDOUBLE),
+           "summary": {o: summary.get(o, 0) for o in ("pass", "fail", "xfail", "xpass", "error", "crash",
+                                                     "timeout", "skip")} | {"total": len(rows)},
+           "failed": any(r["outcome"] in BAD for r in rows),
+           "rows": rows}
+    if report_dir is not None:
+        from rlx_conformance.core.results import _jsonable, atomic_write_text
+
+        path = Path(report_dir) / "exhaustive.json"
+        atomic_write_text(path, json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n")
+        doc["path"] = str(path)
+    return doc

@@ -1,0 +1,173 @@
+"""The case-independent part of a repro bundle's ``repro.py``: load the arrays, run the kernel on
+MLX in the recorded mode, judge, print, exit. bundle.py extracts these functions (and what they
+use: the MLX backend's array crossing, the harness's compare) into each repro.py with
+portable.Extractor, so they must use only numpy, ml_dtypes, mlx and the standard library besides
+harness code that extracts cleanly.
+
+:func:`run_on_mlx` follows ``rlx_conformance.backends.mlx.MlxBackend._execute`` (widen to the compute dtypes,
+kernel, narrow to the declared dtypes; eager: evaluate after each stage; compiled: mx.compile of
+the whole); tests/test_bundle.py checks that both give bit-identical outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from rlx_conformance.backends.mlx import MX_DTYPES, dtype_name, to_mlx, to_numpy
+
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.judge.compare import Comparison, Tolerance, compare
+
+SHOW = 5  # elements beyond tolerance listed per output
+
+
+def encode(a: np.ndarray) -> np.ndarray:
+    """npz without pickle holds no ml_dtypes: bfloat16 is stored as its uint16 bits."""
+    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+
+
+def load_arrays(path: Path, prefix: str, dtypes: Sequence[str]) -> list[np.ndarray]:
+    """Arrays ``<prefix>0, <prefix>1, ...`` of an npz, bfloat16 restored from its bits."""
+    with np.load(path, allow_pickle=False) as z:
+        out = []
+        for k, name in enumerate(dtypes):
+            a = z[f"{prefix}{k}"]
+            out.append(a.view(dt.np_dtype(name)) if a.dtype.name != name else a)
+        return out
+
+
+def load_optional(path: Path, prefix: str, n: int) -> list[np.ndarray | None]:
+    """Judging aids stored beside the expected outputs (error bounds, undefined-input masks)."""
+    with np.load(path, allow_pickle=False) as z:
+        return [z[f"{prefix}{k}"] if f"{prefix}{k}" in z.files else None for k in range(n)]
+
+
+def run_on_mlx(kernel: Callable[..., Any], inputs: Sequence[np.ndarray], attrs: dict[str, Any],
+               in_dtypes: Sequence[str], compute_dtypes: Sequence[str], out_dtypes: Sequence[str],
+               stream: str, mode: str) -> list[np.ndarray]:
+    """The kernel on MLX as the harness's MLX backend runs it, outputs back as numpy arrays."""
+    with mx.stream(mx.cpu if stream == "cpu" else mx.gpu):
+        args = [to_mlx(x, d) for x, d in zip(inputs, in_dtypes)]
+
+        def graph(*args):
+            wide = [a.astype(MX_DTYPES[c]) if dtype_name(a) != c else a for a, c in zip(args, compute_dtypes)]
+            if mode == "eager":
+                mx.eval(wide)
+            res = kernel(*wide, **attrs)
+            res = list(res) if isinstance(res, (tuple, list)) else [res]
+            if mode == "eager":
+                mx.eval(res)
+            return [r.astype(MX_DTYPES[d]) if dtype_name(r) != d else r for r, d in zip(res, out_dtypes)]
+
+        fn = mx.compile(graph) if mode == "compiled" else graph
+        res = fn(*args)
+        mx.eval(res)
+    return [to_numpy(r) for r in res]
+
+
+def judge_outputs(case: dict[str, Any], inputs: list[np.ndarray], expected: list[np.ndarray],
+                  actual: list[np.ndarray], aux: dict[str, list[np.ndarray | None]],
+                  check: Callable[..., list[Comparison]] | None,
+                  judge_attrs: dict[str, Any]) -> list[Comparison]:
+    """The harness's verdict: the op's own judge, or compare() per output with the recorded policy
+    (tolerance, error bound, undefined-input mask)."""
+    with np.errstate(all="ignore"):
+        if check is not None:
+            return check(inputs, judge_attrs, expected, actual)
+        if len(actual) != len(expected):
+            return [Comparison(False, message=f"{len(actual)} outputs, expected {len(expected)}")]
+        comps = []
+        for k, (e, a, p) in enumerate(zip(expected, actual, case["judge"]["outputs"])):
+            comps.append(compare(e, a, exact=p["exact"], signed_zero=p["signed_zero"],
+                                 tol=Tolerance(**p["tolerance"]), bound=aux["bound"][k],
+                                 skip=aux["skip"][k], name=f"output {k}"))
+        return comps
+
+
+def beyond_tolerance(e: np.ndarray, a: np.ndarray, p: dict[str, Any], bound: np.ndarray | None,
+                     skip: np.ndarray | None, limit: int = SHOW) -> list[str]:
+    """The first elements that fail the comparison on their own, one line each."""
+    if e.shape != a.shape or e.dtype != a.dtype:
+        return []
+    ef, af = e.reshape(-1), a.reshape(-1)
+    bf = None if bound is None else np.broadcast_to(np.asarray(bound, np.float64), e.shape).reshape(-1)
+    sf = None if skip is None else np.broadcast_to(skip, e.shape).reshape(-1)
+    with np.errstate(all="ignore"):
+        e64, a64 = ef.astype(np.float64), af.astype(np.float64)
+        differ = ~((e64 == a64) | (np.isnan(e64) & np.isnan(a64))) | (np.signbit(e64) != np.signbit(a64))
+        lines = []
+        for i in np.flatnonzero(differ)[:2000]:
+            c = compare(ef[i:i + 1], af[i:i + 1], exact=p["exact"], signed_zero=p["signed_zero"],
+                        tol=Tolerance(**p["tolerance"]), bound=None if bf is None else bf[i:i + 1],
+                        skip=None if sf is None else sf[i:i + 1])
+            if not c.ok:
+                idx = tuple(int(v) for v in np.unravel_index(i, e.shape)) if e.shape else ()
+                lines.append(f"    at {idx}: expected {ef[i]!r}, got {af[i]!r} (abs {c.max_abs_err:.3g}, "
+                             f"rel {c.max_rel_err:.3g}, ulp {c.max_ulp:g})")
+                if len(lines) >= limit:
+                    break
+    return lines
+
+
+def main(here: Path, kernel: Callable[..., Any], kernel_attrs: dict[str, Any],
+         check: Callable[..., list[Comparison]] | None, judge_attrs: dict[str, Any]) -> int:
+    """repro.py's entry point: 0 when MLX now agrees with the expected outputs, 1 while it does not
+    (or raises); a crash kills the process, as it killed the harness's worker."""
+    case = json.loads((here / "case.json").read_text())
+    ap = argparse.ArgumentParser(description=f"Reproduce {case['id']} on MLX (exit 1 while it fails).")
+    ap.add_argument("--save", metavar="NPZ", help="write MLX's outputs to this .npz (bfloat16 as uint16 bits)")
+    ap.add_argument("--timeout", type=float, default=case.get("timeout_s") or 0,
+                    help="kill the process (SIGALRM) after this many seconds; 0: never (default: the run's)")
+    args = ap.parse_args()
+    ins, outs = case["inputs"], case["outputs"]
+    inputs = load_arrays(here / "inputs.npz", "in", [x["dtype"] for x in ins])
+    expected = load_arrays(here / "expected.npz", "out", [x["dtype"] for x in outs])
+    aux = {k: load_optional(here / "expected.npz", k, len(outs)) for k in ("bound", "skip")}
+    run = case["run"]
+    print(f"case     {case['id']}")
+    print(f"recorded {case['outcome']}: {case['message'].splitlines()[0] if case['message'] else ''}")
+    print(f"versions recorded mlx {case['versions'].get('mlx')}, numpy {case['versions'].get('numpy')}; "
+          f"now mlx {mx.__version__}, numpy {np.__version__}")
+    if case["device"] == "gpu" and not mx.is_available(mx.gpu):
+        print("this machine has no MLX GPU device; the case needs one")
+        return 2
+    print(f"running  {case['op']} on MLX {case['device']} (stream {run['stream']}), {case['mode']} mode ...",
+          flush=True)
+    if args.timeout and hasattr(signal, "alarm"):
+        signal.alarm(math.ceil(args.timeout))  # SIGALRM's default action ends a native hang too
+    try:
+        actual = run_on_mlx(kernel, inputs, kernel_attrs, run["in_dtypes"], run["compute_dtypes"],
+                            run["out_dtypes"], run["stream"], case["mode"])
+    except Exception as e:  # noqa: BLE001 — a raising kernel is a reproduced error
+        import traceback
+
+        traceback.print_exc()
+        print(f"STILL FAILS: the MLX call raised {type(e).__name__}: {e}")
+        return 1
+    finally:
+        if args.timeout and hasattr(signal, "alarm"):
+            signal.alarm(0)
+    if args.save:
+        np.savez(args.save, **{f"out{k}": encode(a) for k, a in enumerate(actual)})
+    comps = judge_outputs(case, inputs, expected, actual, aux, check, judge_attrs)
+    ok = all(c.ok for c in comps)
+    for k, c in enumerate(comps):
+        print(f"  {'ok  ' if c.ok else 'FAIL'} " + (c.message or f"output {k}: max abs {c.max_abs_err:.3g}, "
+                                                   f"max rel {c.max_rel_err:.3g}, max ulp {c.max_ulp:g}"))
+        if not c.ok and check is None and k < len(expected):
+            lines = beyond_tolerance(expected[k], actual[k], case["judge"]["outputs"][k],
+                                     aux["bound"][k], aux["skip"][k])
+            if lines:
+                print("  first elements beyond tolerance:")
+                print("\n".join(lines))
+    print("FIXED: MLX agrees with the expected outputs" if ok
+          else "STILL FAILS: MLX disagrees with the expected outputs")
+    return 0 if ok else 1

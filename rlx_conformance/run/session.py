@@ -1,0 +1,187 @@
+"""One run of the matrix, shared by every front (CLI, pytest plugin, API): options → targets →
+cases → runner → results.json. Fronts only present what this returns."""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlx_conformance.core import results as res
+from rlx_conformance.judge import stability
+from rlx_conformance.core.errors import RlxError
+from rlx_conformance.generate.matrix import Case, Target, generate
+from rlx_conformance.run.runner import DEFAULT_TIMEOUT, Runner, finalize
+
+ALL_MODES = ("eager", "lazy", "compiled")
+
+
+def backend_targets(backend: str, devices: Sequence[str] | str = "cpu",
+                    modes: Sequence[str] | str | None = None) -> list[Target]:
+    """Targets for a backend. devices/modes may be "all"; modes None = the backend default
+    (for MLX: RLX_MLX_MODE, else compiled). A requested device that this machine lacks still
+    yields targets: their cases report skip with the reason."""
+    from rlx_conformance.backends import get_backend
+
+    b = get_backend(backend)
+    if devices == "all":
+        devices = b.devices()
+    elif isinstance(devices, str):
+        devices = [devices]
+    for d in devices:
+        if d not in b.all_devices():
+            raise RlxError(f"{backend} has no device {d!r} (devices: {', '.join(b.all_devices())})")
+    if modes == "all":
+        modes = b.modes
+    elif modes is None:
+        modes = [b.default_mode]
+    elif isinstance(modes, str):
+        modes = [modes]
+    for m in modes:
+        if m not in b.modes:
+            raise RlxError(f"{backend} has no mode {m!r} (modes: {', '.join(b.modes)})")
+    return [Target(backend, d, m) for d in devices for m in modes]
+
+
+def supports(t: Target, op: str, dtype: str) -> bool:
+    from rlx_conformance.backends import get_backend
+
+    return get_backend(t.backend).supports(op, dtype, t.device)
+
+
+def build_cases(targets: Sequence[Target], ops: Sequence[str] | None = None,
+                dtypes: Sequence[str] | None = None, tf32: str | None = None) -> list[Case]:
+    """The matrix's cases for ``targets``; each case in as many backend variants as its backend
+    runs it in (``tf32``: on, off, both, or None for what the environment says; MLX's float32
+    matmul/conv family on a GPU, MlxBackend.variants)."""
+    return with_variants(generate(targets, ops=ops, dtypes=dtypes, supports=supports), tf32)
+
+
+def with_variants(cases: Sequence[Case], option: str | None = None) -> list[Case]:
+    from dataclasses import replace
+
+    from rlx_conformance.backends import get_backend
+
+    out = []
+    for c in cases:
+        for v in get_backend(c.target.backend).variants(c.op, c.dtype, c.target.device, option):
+            out.append(c if v == c.target.variant else replace(c, target=replace(c.target, variant=v)))
+    return out
+
+
+def find_case(case_id: str) -> Case:
+    """The case with this id (ids are stable: regenerated from the registry and cases/)."""
+    parts = case_id.strip().split("/")
+    if len(parts) < 4:
+        raise RlxError(f"not a case id: {case_id!r} (e.g. exp/float16/shape:1031/vals:special/mlx-cpu-compiled)")
+    target = Target.parse(parts[-1])
+    base = Target(target.backend, target.device, target.mode)
+    for c in build_cases([base], ops=[parts[0]], tf32="both" if target.variant else None):
+        if c.id == case_id.strip():
+            return c
+    raise RlxError(f"no case with id {case_id!r} in the current matrix")
+
+
+def default_report_dir() -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("reports") / f"run-{stamp}"
+
+
+@dataclass
+class Run:
+    """The result of a run: per-case records, metadata, and where results.json went."""
+
+    results: list[res.CaseResult] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def failed(self) -> bool:
+        return any(r.outcome in res.BAD for r in self.results)
+
+
+def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | None = None,
+            timeout: float = DEFAULT_TIMEOUT, init: str | None = None,
+            on_result: Callable[[res.CaseResult], None] | None = None, meta: dict | None = None,
+            strict_divergences: bool = True, repeat: int = 1, env: dict[str, str] | None = None,
+            bundles: bool = False, shard: str | None = None,
+            prior: Sequence[res.CaseResult] = (), prior_wall_s: float = 0.0) -> Run:
+    """Run cases in isolated workers, stream them to a journal, write results.json atomically
+    (also after Ctrl-C: what was gathered is kept, with run.interrupted = true).
+    ``strict_divergences``: turn the passes of stale known-divergence entries into xpass; only
+    meaningful when the run holds every case of those entries (not for --case or --shard).
+    ``repeat``: run each case that many times (in different workers where possible) and merge
+    the records per id, keeping every repeat's output digest (stability.py).
+    ``bundles``: write a repro bundle (bundle.py) for every case that fails the run, under
+    ``report_dir/repro/``. ``shard``: "I/N", recorded in the metadata; the judgments over the
+    whole set (strict known divergences, bit-stability across modes) are left to ``merge``.
+    ``prior``: records of an earlier, interrupted run of the same selection (``run --resume``),
+    kept as they are; ``cases`` are then the ones it did not reach, and every judgment over the
+    whole set is made over both."""
+    run = Run(results=list(prior))
+    started = _dt.datetime.now(_dt.timezone.utc)
+    t0 = time.perf_counter()
+    journal = res.Journal(report_dir / "results.partial.jsonl") if report_dir else None
+    for r in prior if journal else ():  # a second kill still keeps them
+        journal.add(r)
+    interrupted = False
+    sink = None
+    if bundles and report_dir is not None:
+        from rlx_conformance.run.bundle import BundleSink
+
+        sink = BundleSink(Path(report_dir), timeout=timeout)
+    runner = Runner(workers=workers, timeout=timeout, init=init, env=env,  # env: set in each worker before init
+                    bundles=sink)
+    try:
+        for r in runner.run(stability.repeat_cases(cases, repeat)):
+            run.results.append(r)
+            if journal:
+                journal.add(r)
+            if on_result:
+                on_result(r)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if repeat > 1:
+            run.results = stability.merge_repeats(run.results)
+        whole = shard is None  # a shard leaves the judgments over the whole set to merge
+        warnings = finalize(run.results) if strict_divergences and whole and not interrupted else []
+        bit_failures = stability.enforce(run.results) if whole else 0  # cases/bit_stable.toml: modes/repeats must agree
+        targets = sorted({str(c.target) for c in cases} | {str(Target(r.backend, r.device, r.mode, r.variant)) for r in prior})
+        run.meta = res.run_metadata(
+            start=started.isoformat(timespec="seconds"),
+            wall_s=round(prior_wall_s + time.perf_counter() - t0, 3),
+            targets=targets, backend=sorted({c.target.backend for c in cases} | {r.backend for r in prior}),
+            device=sorted({c.target.device for c in cases} | {r.device for r in prior}),
+            modes=sorted({c.target.mode for c in cases} | {r.mode for r in prior}),
+            seed="sha256(case input id)", cases_planned=len(cases) + len(prior), interrupted=interrupted,
+            **({"resumed": {"kept": len(prior), "ran": len(run.results) - len(prior)}} if prior else {}),
+            warnings=warnings, repeat=repeat, same_worker_repeats=runner.same_worker_repeats,
+            bit_stability_failures=bit_failures, **({"shard": shard} if shard else {}),
+            **(meta or {}))
+        if report_dir:
+            run.path = report_dir / "results.json"
+            res.write_results(run.path, run.meta, run.results)
+            journal.close(remove=True)
+    if interrupted:
+        raise KeyboardInterrupt
+    return run
+
+
+def resume_cases(cases: Sequence[Case], prior: Sequence[res.CaseResult]) -> list[Case]:
+    """The cases of ``cases`` that ``prior`` (an earlier run's records) has not run. Records
+    outside the selection mean the options differ from the first run's: an error, not a
+    silent mix of two selections."""
+    wanted = {c.id for c in cases}
+    stray = [r.id for r in prior if r.id not in wanted]
+    if stray:
+        raise RlxError(f"the run to resume holds {len(stray)} case(s) outside this selection "
+                       f"(e.g. {stray[0]}): resume with the first run's options")
+    done = {r.id for r in prior}
+    return [c for c in cases if c.id not in done]
+
+
+def iter_ids(cases: Sequence[Case]) -> Iterator[str]:
+    for c in cases:
+        yield c.id

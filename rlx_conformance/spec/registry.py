@@ -1,0 +1,269 @@
+"""The one op registry: what each op is, declared once.
+
+An :class:`OpSpec` holds an op's inputs (with roles, allowed dtypes and value domains), typed
+attributes (defaults, valid values, what the case matrix sweeps), shape/dtype inference, and its
+comparison policy. Backends register kernels against these names; the case generator reads them;
+nothing about an op is declared anywhere else. Op declarations live in ``rlx_conformance.ops``,
+one module per family.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlx_conformance.core import dtypes as dt
+from rlx_conformance.core.errors import SpecError, UnknownOpError
+
+Shape = tuple[int, ...]
+OutSpec = tuple[Shape, str]  # (shape, dtype name); a None dim is data-dependent (non_zero)
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+ATTR_KINDS = ("int", "float", "bool", "ints", "dtype", "enum")
+
+
+@dataclass(frozen=True)
+class Input:
+    """One operand. ``dtypes`` is ``"T"`` (the op's type variable) or an explicit tuple."""
+
+    name: str
+    dtypes: str | tuple[str, ...] = "T"
+    role: str = "data"  # data | condition | index | ...
+    domain: str = "real"  # a value domain in cases/domains/*.toml
+    variadic: bool = False
+
+
+@dataclass(frozen=True)
+class Attr:
+    """A typed attribute. ``sweep`` is what the case matrix tries: explicit values, or a symbolic
+    sweep resolved per input shape ("axis": every axis, negative too; "axes": axis subsets)."""
+
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    choices: tuple | None = None
+    sweep: tuple | str | Callable[..., Sequence[Any]] | None = None  # callable: sweep(shapes)
+    doc: str = ""
+    empty: str = "none"  # how an empty tuple value reads in a case id (reduction axes: "all")
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTR_KINDS:
+            raise ValueError(f"attribute {self.name}: kind {self.kind!r} not in {ATTR_KINDS}")
+
+    def check(self, op: str, value: Any) -> Any:
+        """Validate and normalise one attribute value (type and choices), or raise SpecError."""
+        bad = SpecError(f"{op}: attribute {self.name}={value!r} is not a valid {self.kind}"
+                        + (f" (one of {', '.join(map(str, self.choices))})" if self.choices else ""))
+        if self.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise bad
+            value = int(value)
+        elif self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise bad
+            value = float(value)
+        elif self.kind == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise bad
+            value = bool(value)
+        elif self.kind == "ints":
+            if not isinstance(value, (tuple, list)) or any(
+                isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in value
+            ):
+                raise bad
+            value = tuple(int(v) for v in value)
+        elif self.kind == "dtype":
+            if value not in dt.ALL:
+                raise SpecError(f"{op}: attribute {self.name}={value!r} is not a dtype ({', '.join(dt.ALL)})")
+        elif self.kind == "enum":
+            if value not in (self.choices or ()):
+                raise bad
+        if self.choices is not None and self.kind != "enum" and value not in self.choices:
+            raise bad
+        return value
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How outputs are judged.
+
+    ``exact``: bit-exact (NaN positions must match). Otherwise floats pass within the case's
+    tolerance (cases/tolerances.toml: per-dtype defaults, per-op overrides with reasons), or within
+    ``bound``: a per-element absolute error bound from numerical analysis, computed from the inputs
+    (for example gamma_n * sum|x| for a sum), with ``bound_reason`` saying why.
+    ``unasserted``: positions where the bound itself says any finite answer is legitimate (e.g.
+    intermediate overflow that depends on accumulation order) — compared for "no crash" only.
+    """
+
+    exact: bool = False
+    signed_zero: bool = False
+    bound: Callable[..., np.ndarray] | None = None
+    bound_reason: str = ""
+    # A judge of its own for ops not compared elementwise (solvers by backward error, factorizations
+    # by reconstruction, random ops by distribution tests):
+    # check(inputs, attrs, expected, actual) -> list[rlx_conformance.judge.compare.Comparison].
+    check: Callable[..., list[Any]] | None = None
+    check_reason: str = ""
+
+
+def _no_undefined(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything about one op. ``infer(spec, shapes, dtypes, attrs)`` returns the output
+    (shape, dtype) list and raises SpecError on bad shapes or attributes."""
+
+    name: str
+    family: str
+    doc: str
+    inputs: tuple[Input, ...]
+    infer: Callable[..., list[OutSpec]]
+    dtypes: tuple[str, ...]
+    attrs: tuple[Attr, ...] = ()
+    shapes: str = "unary"  # shape-family kind in cases/shapes/*.toml
+    values: tuple[str, ...] = ("random", "special")  # value classes (rlx_conformance/spec/values.py)
+    policy: Policy = field(default_factory=Policy)
+    # Output positions the spec leaves undefined (OPS.md): None, or a bool mask broadcast to the output.
+    undefined: Callable[..., np.ndarray | None] = _no_undefined
+    # "f32": float16/bfloat16 compute in float32 and round once (RLX prepare_f32_exec_graph);
+    # "native": pure layout ops stay in their dtype.
+    low_precision: str = "f32"
+    # Ops whose inputs are structured (indices, CSR matrices, SPD matrices...) make them here
+    # instead of drawing each input from its domain: generate(stream, shapes, dtype, attrs, vals)
+    # -> list of numpy arrays, where stream(k) is input k's deterministic Stream and ``shapes`` is
+    # the shape family's entry.
+    generate: Callable[..., list[np.ndarray]] | None = None
+    # Validation of input *values* on the host before any backend sees them (index ranges, CSR
+    # structure): check_values(inputs, attrs) raises SpecError. MLX does no bounds checking, so an
+    # out-of-range index must never reach it. Backend.run calls it after the shape checks.
+    check_values: Callable[..., None] | None = None
+    # Error inputs (bad shapes, attributes, indices, dtypes) that every backend must reject:
+    # a list of (description, inputs, attrs). Used by validate's error-input parity check.
+    error_inputs: Callable[[], list[tuple[str, list[np.ndarray], dict[str, Any]]]] | None = None
+
+    # -- derived facts -------------------------------------------------------------------------
+    def attr(self, name: str) -> Attr:
+        for a in self.attrs:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+    def input_dtypes(self, inp: Input, t: str) -> tuple[str, ...]:
+        return (t,) if inp.dtypes == "T" else inp.dtypes  # type: ignore[return-value]
+
+    def case_dtypes(self, t: str, n_inputs: int | None = None) -> list[str]:
+        """Concrete dtype of each input for type variable T = t."""
+        out = [self.input_dtypes(i, t)[0] for i in self.inputs]
+        if n_inputs is not None and self.inputs and self.inputs[-1].variadic:
+            out += [out[-1]] * (n_inputs - len(out))
+        return out
+
+    # -- validation -----------------------------------------------------------------------------
+    def resolve_attrs(self, attrs: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Fill defaults, type-check values, reject unknown or missing attributes."""
+        attrs = dict(attrs or {})
+        known = {a.name for a in self.attrs}
+        unknown = sorted(set(attrs) - known)
+        if unknown:
+            raise SpecError(f"{self.name}: unknown attribute(s) {', '.join(unknown)}"
+                            f" (known: {', '.join(sorted(known)) or 'none'})")
+        out = {}
+        for a in self.attrs:
+            if a.name in attrs:
+                out[a.name] = a.check(self.name, attrs[a.name])
+            elif a.default is REQUIRED:
+                raise SpecError(f"{self.name}: missing required attribute {a.name}")
+            else:
+                out[a.name] = a.default
+        return out
+
+    def validate(self, shapes: Sequence[Shape], dtypes: Sequence[str],
+                 attrs: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[OutSpec]]:
+        """Check input count, dtypes, attributes and shapes; return (attrs, output specs)."""
+        n = len(self.inputs)
+        variadic = bool(self.inputs) and self.inputs[-1].variadic
+        if (len(shapes) < n if variadic else len(shapes) != n):
+            names = ", ".join(i.name for i in self.inputs)
+            raise SpecError(f"{self.name}: expects {n}{'+' if variadic else ''} input(s) ({names}), got {len(shapes)}")
+        t = None
+        for k, (inp_dtype) in enumerate(dtypes):
+            inp = self.inputs[min(k, n - 1)]
+            if inp_dtype not in dt.ALL:
+                raise SpecError(f"{self.name}: input {inp.name} has dtype {inp_dtype}, not in the harness dtype list")
+            if inp.dtypes == "T":
+                if t is None:
+                    t = inp_dtype
+                    if t not in self.dtypes:
+                        raise SpecError(f"{self.name}: dtype {t} not supported (supported: {', '.join(self.dtypes)})")
+                elif inp_dtype != t:
+                    raise SpecError(f"{self.name}: input {inp.name} has dtype {inp_dtype}, expected {t} like the other T inputs")
+            elif inp_dtype not in inp.dtypes:
+                raise SpecError(f"{self.name}: input {inp.name} has dtype {inp_dtype}, expected one of {', '.join(inp.dtypes)}")
+        resolved = self.resolve_attrs(attrs)
+        outs = self.infer(self, [tuple(int(d) for d in s) for s in shapes], list(dtypes), resolved)
+        return resolved, outs
+
+
+class Registry(Mapping[str, OpSpec]):
+    """Name → OpSpec. Populated by importing ``rlx_conformance.ops``."""
+
+    def __init__(self) -> None:
+        self._ops: dict[str, OpSpec] = {}
+
+    def add(self, spec: OpSpec) -> OpSpec:
+        if spec.name in self._ops:
+            raise ValueError(f"op {spec.name!r} is declared twice")
+        for i in spec.inputs:
+            if i.dtypes != "T" and not set(i.dtypes) <= set(dt.ALL):
+                raise ValueError(f"{spec.name}: input {i.name} lists unknown dtypes {i.dtypes}")
+        if not set(spec.dtypes) <= set(dt.ALL):
+            raise ValueError(f"{spec.name}: unknown dtypes in {spec.dtypes}")
+        self._ops[spec.name] = spec
+        return spec
+
+    def __getitem__(self, name: str) -> OpSpec:
+        try:
+            return self._ops[name]
+        except KeyError:
+            close = difflib.get_close_matches(str(name), self._ops, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise UnknownOpError(f"unknown op {name!r}{hint}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ops)
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+
+REGISTRY = Registry()
+
+
+def declare(**kw: Any) -> OpSpec:
+    """Declare an op in the global registry (used by the family modules in ``rlx_conformance.ops``)."""
+    return REGISTRY.add(OpSpec(**kw))
+
+
+def get_op(name: str) -> OpSpec:
+    """The OpSpec for ``name`` (loads the built-in op modules first)."""
+    from rlx_conformance import ops  # noqa: F401  (registers built-ins)
+
+    return REGISTRY[name]
+
+
+def all_ops() -> list[OpSpec]:
+    from rlx_conformance import ops  # noqa: F401
+
+    return list(REGISTRY.values())

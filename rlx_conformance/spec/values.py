@@ -1,0 +1,213 @@
+"""Input values for a case, made bit-identically from the case's seed on any machine.
+
+Only the PCG64 bit stream (``random_raw``) is used, and every transformation of it is written
+here, so no numpy distribution algorithm (which numpy may change between versions) is involved.
+Value classes: ``random`` (uniform over the domain's typical range), ``special`` (half the
+elements drawn from the generic special values of the dtype plus the domain's boundaries and
+their ulp neighbours), ``spread`` (large magnitude, small spread: accumulation order shows).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlx_conformance.core import data
+from rlx_conformance.core import dtypes as dt
+
+VALUE_CLASSES = ("random", "special", "spread")
+
+
+def seed_of(key: str) -> int:
+    """64-bit seed from a string (sha256: stable across machines, Python versions and runs)."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
+class Stream:
+    """Deterministic uint64 stream and the few transformations the generators need."""
+
+    def __init__(self, key: str):
+        self._bg = np.random.PCG64(seed_of(key))
+
+    def raw(self, n: int) -> np.ndarray:
+        return self._bg.random_raw(n).astype(np.uint64) if n else np.zeros(0, np.uint64)
+
+    def uniform(self, n: int, lo: float, hi: float) -> np.ndarray:
+        u = (self.raw(n) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        return lo + (hi - lo) * u
+
+    def integers(self, n: int, lo: int, hi: int) -> np.ndarray:
+        """Uniform integers in [lo, hi] (span < 2^63; modulo bias below 2^-40 is irrelevant here)."""
+        span = hi - lo + 1
+        return (self.raw(n) % np.uint64(span)).astype(np.int64) + lo
+
+    def choice(self, n: int, k: int) -> np.ndarray:
+        return (self.raw(n) % np.uint64(k)).astype(np.int64)
+
+    def coin(self, n: int) -> np.ndarray:
+        return (self.raw(n) & np.uint64(1)).astype(bool)
+
+
+# -- boundary vocabulary (cases/domains.toml names) ---------------------------------------------
+def _float_boundaries(name: str, dtype: str, attrs: Mapping[str, Any]) -> list[float]:
+    fi = dt.finfo(dtype)
+    log_max = math.log(fi.max)
+    match name:
+        case "log_max":
+            return [log_max]
+        case "neg_log_max":
+            return [-log_max]
+        case "log_tiny":
+            return [math.log(fi.tiny)]
+        case "log_smallest_subnormal":
+            return [math.log(fi.smallest_subnormal)]
+        case "tiny":
+            return [fi.tiny]
+        case "max":
+            return [fi.max]
+        case "pi_multiples":
+            return [k * math.pi / 2 for k in (-4, -2, -1, 1, 2, 3, 4)]
+        case "large_args":
+            return [1e4 * math.pi, 2.0 ** (fi.mant_bits + 1), fi.max / 2]
+        case "saturation":
+            return [9.0, -9.0, 17.0, -17.0, 88.0, -88.0]
+        case "half_integers":
+            return [k + 0.5 for k in (-3, -2, -1, 0, 1, 2)] + [2.0**fi.mant_bits - 0.5]
+        case "integer_limit":
+            return [2.0**fi.mant_bits, -(2.0**fi.mant_bits), 2.0 ** (fi.mant_bits + 1)]
+        case "cast_limits":
+            to = attrs.get("to", dtype)
+            if dt.is_int(to) or to == "bool":
+                lo, hi = dt.iinfo(to)
+                return [float(lo), float(hi), float(lo) - 1, float(hi) + 1, -1.0, 0.5, -0.5]
+            if dt.is_float(to):
+                t = dt.finfo(to)
+                return [t.max, -t.max, t.tiny, t.smallest_subnormal, t.smallest_subnormal / 2]
+            return []
+        case "int_extremes" | "shift_limits":
+            return []
+    raise ValueError(f"unknown boundary name {name!r} in cases/domains.toml")
+
+
+def _int_boundaries(name: str, dtype: str, attrs: Mapping[str, Any]) -> list[int]:
+    lo, hi = dt.iinfo(dtype)
+    bits = dt.np_dtype(dtype).itemsize * 8
+    match name:
+        case "int_extremes":
+            return [lo, hi, lo + 1, hi - 1]
+        case "shift_limits":
+            return [0, 1, bits - 1, bits, bits + 1, -1]
+        case "cast_limits":
+            to = attrs.get("to", dtype)
+            if dt.is_int(to):
+                tlo, thi = dt.iinfo(to)
+                return [tlo, thi, tlo - 1, thi + 1]
+            return []
+    return []
+
+
+def _neighbours(values: Sequence[float], dtype: str) -> np.ndarray:
+    """Each value rounded to dtype, with its neighbours one and two ulp away (finite ones)."""
+    npd = dt.np_dtype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.asarray(values, np.float64).astype(npd)
+    out = [v]
+    up, down = v, v
+    with np.errstate(all="ignore"):
+        return _steps(out, up, down, dtype, npd)
+
+
+def _steps(out, up, down, dtype, npd):
+    for _ in range(2):
+        up = np.nextafter(up, np.array(np.inf, npd)) if dtype != "bfloat16" else _next_bf16(up, +1)
+        down = np.nextafter(down, np.array(-np.inf, npd)) if dtype != "bfloat16" else _next_bf16(down, -1)
+        out += [up, down]
+    allv = np.concatenate(out)
+    return allv[np.isfinite(allv.astype(np.float64))]
+
+
+def _next_bf16(v: np.ndarray, direction: int) -> np.ndarray:
+    """nextafter for bfloat16 (ml_dtypes has no nextafter ufunc loop): step the ordered bits."""
+    b = v.view(np.uint16).astype(np.int32)
+    neg = (b & 0x8000) != 0
+    mag = b & 0x7FFF
+    ordered = np.where(neg, -mag, mag) + direction
+    res = np.where(ordered < 0, (-ordered) | 0x8000, ordered).astype(np.uint16)
+    return res.view(dt.np_dtype("bfloat16"))
+
+
+def specials(dtype: str, domain: str, attrs: Mapping[str, Any]) -> np.ndarray:
+    """The special-value pool for a dtype and domain, as an array of that dtype."""
+    spec = data.load("domains")[domain]
+    npd = dt.np_dtype(dtype)
+    named = [b for b in spec.get("boundaries", []) if isinstance(b, str)]
+    numbers = [b for b in spec.get("boundaries", []) if not isinstance(b, str)]
+    if dtype == "bool":
+        return np.array([False, True])
+    if dt.is_int(dtype):
+        lo, hi = dt.iinfo(dtype)
+        pool = [lo, hi, lo + 1, hi - 1, 0, 1, 2, -1, -2] + [int(n) for n in numbers]
+        for n in named:
+            pool += _int_boundaries(n, dtype, attrs)
+        pool = sorted({p for p in pool if lo <= p <= hi})
+        return np.array(pool, dtype=npd)
+    fi = dt.finfo(dtype)
+    generic = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0,
+               fi.smallest_subnormal, -fi.smallest_subnormal,
+               fi.tiny - fi.smallest_subnormal, -(fi.tiny - fi.smallest_subnormal),
+               fi.tiny, -fi.tiny, fi.max, -fi.max]
+    bounds = list(numbers)
+    for n in named:
+        bounds += _float_boundaries(n, dtype, attrs)
+    with np.errstate(over="ignore"):
+        g = np.asarray(generic, np.float64).astype(npd)
+    return np.concatenate([g, _neighbours(bounds, dtype)]) if bounds else g
+
+
+def make_array(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str, vals: str,
+               attrs: Mapping[str, Any]) -> np.ndarray:
+    """One input array for the given dtype, domain and value class."""
+    n = math.prod(shape)
+    npd = dt.np_dtype(dtype)
+    spec = data.load("domains")[domain]
+    lo, hi = spec["range"]
+    if dtype == "bool":
+        out = stream.coin(n)
+    elif vals == "spread":
+        out = _spread(stream, n, dtype)
+    elif dt.is_int(dtype):
+        dlo, dhi = dt.iinfo(dtype)
+        lo, hi = max(int(lo), dlo), min(int(hi), dhi)
+        if spec.get("exclude_zero") and lo <= 0 <= hi:
+            v = stream.integers(n, lo, hi - 1)
+            out = np.where(v >= 0, v + 1, v).astype(npd)
+        else:
+            out = stream.integers(n, lo, hi).astype(npd)
+    else:
+        u = stream.uniform(n, lo, hi)
+        if spec.get("integers_only"):
+            u = np.floor(u)
+        with np.errstate(over="ignore"):
+            out = u.astype(npd)
+    out = np.asarray(out, dtype=npd)
+    if vals == "special" and n:
+        pool = specials(dtype, domain, attrs)
+        pick = stream.coin(n)
+        out = np.where(pick, pool[stream.choice(n, len(pool))], out).astype(npd)
+    return out.reshape(shape)
+
+
+def _spread(stream: Stream, n: int, dtype: str) -> np.ndarray:
+    """Large magnitude, small relative spread: c (1 + 2^-10 U(-1, 1)) with c = 2^(p-2), so the low
+    bits of a sum depend on the order of accumulation. Ints: near a quarter of the max (sums wrap)."""
+    npd = dt.np_dtype(dtype)
+    if dt.is_int(dtype):
+        lo, hi = dt.iinfo(dtype)
+        c = hi // 4
+        return (c + stream.integers(n, -8, 8)).astype(npd)
+    fi = dt.finfo(dtype)
+    c = 2.0 ** min(fi.mant_bits - 2, 20)
+    return (c * (1 + 2.0**-10 * stream.uniform(n, -1, 1))).astype(npd)
