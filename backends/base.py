@@ -11,8 +11,14 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.core.errors import KernelContractError, RegistrationError, SpecError, UnsupportedError
-from rlx_conformance.spec.registry import REQUIRED, OpSpec, OutSpec, get_op
+from rlx_conformance.core.errors import (
+    KernelContractError,
+    RegistrationError,
+    SpecError,
+    UnsupportedError,
+)
+from rlx_conformance.ops import get_op
+from rlx_conformance.spec.registry import REQUIRED, OpSpec, OutSpec
 
 
 @dataclass

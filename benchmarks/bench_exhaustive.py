@@ -28,8 +28,8 @@ def main() -> None:
     ap.add_argument("--no-reference", action="store_true")
     args = ap.parse_args()
 
-    from rlx_conformance.run.exhaustive import run_exhaustive
     from rlx_conformance.generate.matrix import Target
+    from rlx_conformance.run.exhaustive import run_exhaustive
 
     cache = Path(args.cache) if args.cache else Path(tempfile.gettempdir()) / "rlx-bench-oracle"
     if args.cold and cache.exists():

@@ -26,8 +26,8 @@ def check(job: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
     import numpy as np
 
     from rlx_conformance.core import dtypes as dt
-    from rlx_conformance.run import exhaustive as ex
     from rlx_conformance.judge import precise, precise_fast
+    from rlx_conformance.run import exhaustive as ex
 
     op, attrs, dtype = job
     out = attrs.get("to", dtype) if op == "cast" else dtype
@@ -63,8 +63,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     args = ap.parse_args()
 
+    from rlx_conformance.ops import get_op
     from rlx_conformance.run import exhaustive as ex
-    from rlx_conformance.spec.registry import get_op
 
     jobs = [(op, attrs, d) for op, attrs in ex.unary_ops(args.ops.split(",") if args.ops else None)
             for d in ("float16", "bfloat16") if d in get_op(op).dtypes]

@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from rlx_conformance.core.errors import KernelContractError, RegistrationError, RlxError, SpecError, UnknownOpError, UnsupportedError
+from rlx_conformance.core.errors import (
+    KernelContractError,
+    RegistrationError,
+    RlxError,
+    SpecError,
+    UnknownOpError,
+    UnsupportedError,
+)
 
 __version__ = "0.1.0"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlx_conformance.generate import matrix
 from rlx_conformance.core.results import CaseResult, write_results
+from rlx_conformance.generate import matrix
 
 
 def result(op: str = "exp", dtype: str = "float32", outcome: str = "pass", *, n: int = 7,

@@ -14,7 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlx_conformance.judge.compare import EXACT, Tolerance, compare, ulp_distance, ulp_size
+from rlx_conformance.judge.compare import (
+    EXACT,
+    Tolerance,
+    compare,
+    ulp_distance,
+    ulp_size,
+)
 
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 NP = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),

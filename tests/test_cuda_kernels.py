@@ -14,13 +14,13 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from rlx_conformance import backends
 from rlx_conformance.backends.mlx import cuda_kernels as ck
 from rlx_conformance.backends.mlx import to_mlx, to_numpy
+
+from rlx_conformance import backends
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.generate import matrix
-from rlx_conformance.spec.registry import get_op
+from rlx_conformance.ops import get_op
 
 CPU = backends.get_backend("cpu")
 OPS = ["onnx.ScatterElements", "onnx.GatherElements", "onnx.GatherND", "onnx.ScatterND",

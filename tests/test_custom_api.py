@@ -14,13 +14,23 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rlx_conformance.backends.cpu import CpuBackend
 
 from rlx_conformance import backends
-from rlx_conformance.backends.cpu import CpuBackend
-from rlx_conformance.spec import infer
-from rlx_conformance.spec.custom_ops import CUSTOM, FORMATS, Codec, Field, custom, custom_op, decode_attrs, encode_attrs
 from rlx_conformance.core.errors import RegistrationError, SpecError, UnknownOpError
-from rlx_conformance.spec.registry import Attr, Input, Registry, get_op
+from rlx_conformance.ops import get_op
+from rlx_conformance.spec import infer
+from rlx_conformance.spec.custom_ops import (
+    CUSTOM,
+    FORMATS,
+    Codec,
+    Field,
+    custom,
+    custom_op,
+    decode_attrs,
+    encode_attrs,
+)
+from rlx_conformance.spec.registry import Attr, Input, Registry
 
 REDUCTIONS = ("none", "add", "mul", "max", "min")
 I32 = st.integers(-2**31, 2**31 - 1)
@@ -269,8 +279,8 @@ def _csr64():
 
 
 def test_delegate_passes_declared_dtypes_exactly():
-    from rlx_conformance.backends.mlx.delegate import make_delegate
     from rlx_conformance.backends.mlx import to_mlx
+    from rlx_conformance.backends.mlx.delegate import make_delegate
 
     ins = _csr64()
     mx_args = [to_mlx(a, d) for a, d in zip(ins, ["float64", "int32", "int32", "float64"])]
@@ -286,8 +296,9 @@ def test_delegate_passes_declared_dtypes_exactly():
 
 def test_forced_delegation_runs_and_is_marked():
     from rlx_conformance.backends.mlx import delegate
-    from rlx_conformance.run import execute
+
     from rlx_conformance.generate import matrix
+    from rlx_conformance.run import execute
 
     mlx = backends.get_backend("mlx")
     case = next(c for c in matrix.generate([matrix.Target("mlx", "cpu", "eager")],
@@ -322,6 +333,7 @@ def test_force_delegate_environment_variable(monkeypatch):
 def test_fallback_delegate_for_a_custom_op_without_mlx_kernel(monkeypatch):
     """A contributed custom op with only a CPU kernel gets a delegated MLX kernel."""
     from rlx_conformance.backends.mlx import delegate
+
     from rlx_conformance.spec import registry
 
     name = "test_delegate.Twice"

@@ -21,11 +21,10 @@ import numpy as np
 import pytest
 
 from rlx_conformance import backends
-from rlx_conformance.spec import csr
 from rlx_conformance.generate import matrix
-from rlx_conformance.spec.registry import get_op
-
 from rlx_conformance.judge import onnx_oracles as oracles
+from rlx_conformance.ops import get_op
+from rlx_conformance.spec import csr
 
 HAVE_ONNX = oracles.available()["onnx"]
 needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="onnx is not installed")

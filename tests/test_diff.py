@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from results_fixtures import group, result, write
+
 from rlx_conformance.cli import main as cli
 from rlx_conformance.report import records
 from rlx_conformance.report.diff import Thresholds, compare

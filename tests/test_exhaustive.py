@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from rlx_conformance.run import exhaustive as ex
 from rlx_conformance.generate.matrix import Target
+from rlx_conformance.run import exhaustive as ex
 
 TARGET = Target("mlx", "cpu", "lazy")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from results_fixtures import result, write
+
 from rlx_conformance.report import junit, records
 
 

@@ -10,11 +10,11 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-
 from rlx_conformance.backends import get_backend
+
 from rlx_conformance.generate import matrix
 from rlx_conformance.judge.bounds import linalg as judge
-from rlx_conformance.spec.registry import get_op
+from rlx_conformance.ops import get_op
 
 CPU = get_backend("cpu")
 T = matrix.Target("mlx", "cpu", "eager")

@@ -7,11 +7,11 @@ import math
 import tomllib
 
 import pytest
-
 from results_fixtures import group, result, write
+
 from rlx_conformance.cli import main as cli
-from rlx_conformance.report import lockfile
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.report import lockfile
 from rlx_conformance.report.lockfile import Entry
 
 EXP = ("exp", "float32", "mlx-cpu-eager")

@@ -8,12 +8,12 @@ import statistics
 
 import numpy as np
 import pytest
-
 from rlx_conformance.backends import get_backend
-from rlx_conformance.generate import matrix
+
 from rlx_conformance.core.errors import SpecError
+from rlx_conformance.generate import matrix
 from rlx_conformance.judge.bounds import nn as bounds
-from rlx_conformance.spec.registry import get_op
+from rlx_conformance.ops import get_op
 
 CPU = get_backend("cpu")
 T = matrix.Target("mlx", "cpu", "eager")

@@ -5,7 +5,8 @@ import json
 from pathlib import Path
 
 from rlx_conformance.cli import main as cli
-from rlx_conformance.report import records, html as report_html
+from rlx_conformance.report import html as report_html
+from rlx_conformance.report import records
 from rlx_conformance.report.pairing import classify, pair, pair_key
 
 P = "exp/float32/shape:7/vals:random"

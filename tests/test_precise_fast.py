@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.run import exhaustive as ex
 from rlx_conformance.judge import precise
 from rlx_conformance.judge import precise_fast as pf
-from rlx_conformance.spec.registry import get_op
+from rlx_conformance.ops import get_op
+from rlx_conformance.run import exhaustive as ex
 
 SWEEPS = [(op, attrs, d) for op, attrs in ex.unary_ops() for d in ("float16", "bfloat16")
           if d in get_op(op).dtypes]

@@ -9,11 +9,17 @@ import re
 
 import numpy as np
 import pytest
+from rlx_conformance.backends.cpu import CpuBackend
 
 from rlx_conformance import backends
-from rlx_conformance.backends.cpu import CpuBackend
-from rlx_conformance.core.errors import KernelContractError, RegistrationError, SpecError, UnknownOpError, UnsupportedError
-from rlx_conformance.spec.registry import get_op
+from rlx_conformance.core.errors import (
+    KernelContractError,
+    RegistrationError,
+    SpecError,
+    UnknownOpError,
+    UnsupportedError,
+)
+from rlx_conformance.ops import get_op
 
 
 def validate(op, shapes, dtypes, attrs=None):
@@ -218,13 +224,13 @@ FACTORIZATION_ERRORS = {
 
 
 def _all_op_names():
-    from rlx_conformance.spec.registry import all_ops
+    from rlx_conformance.ops import all_ops
 
     return [s.name for s in all_ops()]
 
 
 def test_every_op_declares_error_inputs():
-    from rlx_conformance.spec.registry import all_ops
+    from rlx_conformance.ops import all_ops
 
     missing = [s.name for s in all_ops() if s.error_inputs is None or not s.error_inputs()]
     assert not missing, f"ops without error inputs: {missing}"

@@ -12,10 +12,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from results_fixtures import group, result, write
+
 from rlx_conformance.cli import main as cli
-from rlx_conformance.report import records, html as report_html
+from rlx_conformance.report import html as report_html
+from rlx_conformance.report import records
 from rlx_conformance.report.diff import compare
 
 OPS = ("add", "neg")

@@ -7,9 +7,14 @@ import os
 
 import pytest
 
-from rlx_conformance.generate import matrix
 from rlx_conformance.core import results
-from rlx_conformance.core.results import CaseResult, Journal, atomic_write_text, write_results
+from rlx_conformance.core.results import (
+    CaseResult,
+    Journal,
+    atomic_write_text,
+    write_results,
+)
+from rlx_conformance.generate import matrix
 
 T = matrix.Target("mlx", "cpu", "eager")
 CASE = matrix.Case("reduce_sum", "float32", ((3, 5),), "matrix", (("axes", (1,)), ("keep_dim", False)),

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import time
 
+import kernels_for_tests as kt
 import pytest
 
-import kernels_for_tests as kt
-from rlx_conformance.generate import matrix
-from rlx_conformance.run import runner
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import CaseResult
+from rlx_conformance.generate import matrix
 from rlx_conformance.judge.tolerances import Divergence
+from rlx_conformance.run import runner
 
 TIMEOUT = 3.0
 TARGET = matrix.Target("mlx", "cpu", "eager")

@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 import pytest
-
 from rlx_conformance.backends import get_backend
+
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.spec.registry import get_op
+from rlx_conformance.ops import get_op
 
 CPU = get_backend("cpu")
 RNG = np.random.default_rng(7)

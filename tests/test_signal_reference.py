@@ -10,8 +10,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import scipy.fft
-
 from rlx_conformance.backends import get_backend
+
 from rlx_conformance.judge.bounds import stats as _stats
 from rlx_conformance.ops.signal import fft_bound, quotient_ties, xent_bound
 

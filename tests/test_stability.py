@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from rlx_conformance.cli import main as cli
-from rlx_conformance.core import data
-from rlx_conformance.generate import matrix
-from rlx_conformance.run import runner
-from rlx_conformance.judge import stability
 from rlx_conformance.cli import stability as stability_cmd
+from rlx_conformance.core import data
 from rlx_conformance.core.dtypes import np_dtype
 from rlx_conformance.core.results import CaseResult, write_results
+from rlx_conformance.generate import matrix
+from rlx_conformance.judge import stability
+from rlx_conformance.run import runner
 
 
 # -- digests -------------------------------------------------------------------------------------

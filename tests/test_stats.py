@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from results_fixtures import group, result, write
+
 from rlx_conformance.report import records, stats
 
 

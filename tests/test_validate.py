@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from rlx_conformance.cli import main as cli
-from rlx_conformance.spec.registry import get_op
+from rlx_conformance.ops import get_op
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "kernels"
@@ -210,6 +210,7 @@ def test_error_inputs_declared_for_the_representative_families():
     them is rejected by the harness's pre-validation or by the CPU reference."""
     from rlx_conformance.backends import get_backend
     from rlx_conformance.backends.base import prevalidate
+
     from rlx_conformance.core.errors import SpecError
 
     ops = ["add", "bit_and", "eq", "where", "fma", "clamp", "cast", "exp", "reduce_sum", "reduce_max",

@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlx_conformance.core import data
+from rlx_conformance.core import dtypes as dt
 from rlx_conformance.generate import matrix
 from rlx_conformance.spec import values
-from rlx_conformance.core import dtypes as dt
 
 ROOT = Path(__file__).resolve().parent.parent
 T = matrix.Target("mlx", "cpu", "eager")

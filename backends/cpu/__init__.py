@@ -6,11 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from rlx_conformance.backends.base import (
+    Backend,
+    KernelEntry,
+    _as_list,
+    check_inputs_unchanged,
+    check_outputs,
+    compute_dtypes,
+)
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.spec.registry import OpSpec, OutSpec
-
-from rlx_conformance.backends.base import Backend, KernelEntry, _as_list, check_inputs_unchanged, check_outputs, compute_dtypes
 
 
 class CpuBackend(Backend):

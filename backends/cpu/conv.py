@@ -4,10 +4,13 @@ operands), rounded once."""
 from __future__ import annotations
 
 import numpy as np
-
-from rlx_conformance.ops.conv import conv_reference, conv_transpose_reference, pool_reference
-
 from rlx_conformance.backends.cpu import BACKEND
+
+from rlx_conformance.ops.conv import (
+    conv_reference,
+    conv_transpose_reference,
+    pool_reference,
+)
 
 kernel = BACKEND.kernel
 

@@ -10,10 +10,9 @@ float64 and round once.
 from __future__ import annotations
 
 import numpy as np
+from rlx_conformance.backends.cpu import BACKEND
 
 from rlx_conformance.spec import csr
-
-from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel
 

@@ -4,7 +4,6 @@ reversed array (ties then keep their input order, NaN comes first)."""
 from __future__ import annotations
 
 import numpy as np
-
 from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel

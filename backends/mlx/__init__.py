@@ -15,12 +15,18 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from rlx_conformance.backends.base import (
+    Backend,
+    KernelEntry,
+    _as_list,
+    check_inputs_unchanged,
+    check_outputs,
+    compute_dtypes,
+)
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.spec.registry import OpSpec, OutSpec
-
-from rlx_conformance.backends.base import Backend, KernelEntry, _as_list, check_inputs_unchanged, check_outputs, compute_dtypes
 
 MX_DTYPES = {
     "float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "float64": mx.float64,

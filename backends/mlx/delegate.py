@@ -30,12 +30,12 @@ import pkgutil
 from collections.abc import Sequence
 
 import numpy as np
+from rlx_conformance.backends.base import KernelEntry, _as_list
+from rlx_conformance.backends.mlx import BACKEND, dtype_name, to_mlx, to_numpy
+from rlx_conformance.backends.mlx import __path__ as _PKG_PATH
 
 from rlx_conformance.core.errors import UnsupportedError
-from rlx_conformance.spec.registry import all_ops, get_op
-
-from rlx_conformance.backends.base import KernelEntry, _as_list
-from rlx_conformance.backends.mlx import BACKEND, __path__ as _PKG_PATH, dtype_name, to_mlx, to_numpy
+from rlx_conformance.ops import all_ops, get_op
 
 ENV = "RLX_CONFORMANCE_FORCE_DELEGATE"
 _NATIVE: dict[str, KernelEntry] = {}  # entries force_delegate replaced, for restore_native

@@ -7,7 +7,6 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
-
 from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel

@@ -8,10 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from rlx_conformance.report import lockfile, records
-from rlx_conformance.report.diff import Diff, Thresholds, compare
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import atomic_write_text
+from rlx_conformance.report import lockfile, records
+from rlx_conformance.report.diff import Diff, Thresholds, compare
 
 SHOW = 20  # rows per list in the terminal; the JSON has them all
 

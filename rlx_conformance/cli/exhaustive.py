@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rlx_conformance.cli.options import add_matrix_options, split, targets
+
 
 def register(sub) -> None:
-    from rlx_conformance.cli.main import _add_matrix_options
 
     p = sub.add_parser("exhaustive", help="sweep every unary float op over all float16/bfloat16 bit "
                        "patterns against the precise oracle; writes exhaustive.json")
-    _add_matrix_options(p)
+    add_matrix_options(p)
     p.add_argument("--float32-sample", type=int, default=0, metavar="N",
                    help="also sweep about N float32 patterns covering every exponent (default 0: none)")
     p.add_argument("--report", metavar="DIR", help="report directory (default: reports/exhaustive-<time>)")
@@ -29,12 +30,11 @@ def cmd_exhaustive(args) -> int:
     import datetime as _dt
     import fnmatch
 
-    from rlx_conformance.cli.main import _split, _targets
-    from rlx_conformance.run.exhaustive import BAD, DTYPES, run_exhaustive
+    from rlx_conformance.run.exhaustive import DTYPES, run_exhaustive
 
     dtypes = ["float16", "bfloat16"] + (["float32"] if args.float32_sample else [])
     if args.dtypes:
-        globs = _split(args.dtypes)
+        globs = split(args.dtypes)
         dtypes = [d for d in DTYPES if any(fnmatch.fnmatchcase(d, g) for g in globs)]
     report = Path(args.report) if args.report else \
         Path("reports") / f"exhaustive-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
@@ -47,7 +47,7 @@ def cmd_exhaustive(args) -> int:
             print(f"\r{len(done)} rows: {r['op']} {r['dtype']} {r['target']} {r['outcome']}".ljust(78),
                   end="", file=sys.stderr, flush=True)
 
-    doc = run_exhaustive(_targets(args), _split(args.ops), dtypes, report, f32_sample=args.float32_sample,
+    doc = run_exhaustive(targets(args), split(args.ops), dtypes, report, f32_sample=args.float32_sample,
                          workers=args.workers, timeout=args.timeout, cache_dir=cache,
                          reference=not args.no_reference, on_row=on_row)
     if sys.stderr.isatty():

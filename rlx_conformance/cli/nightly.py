@@ -13,11 +13,19 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from rlx_conformance.report import junit, records, html as report_html, stats
+from rlx_conformance.cli.diff import (
+    add_diff_options,
+    check_lock,
+    print_diff,
+    thresholds,
+    write_json,
+)
+from rlx_conformance.cli.options import print_summary, progress, split, tf32_run
 from rlx_conformance.core import results as res
-from rlx_conformance.report.diff import compare
 from rlx_conformance.core.errors import RlxError
-from rlx_conformance.cli.diff import add_diff_options, check_lock, print_diff, thresholds, write_json
+from rlx_conformance.report import html as report_html
+from rlx_conformance.report import junit, records, stats
+from rlx_conformance.report.diff import compare
 
 DEFAULT_BASELINE = Path("reports") / "baseline"
 
@@ -46,13 +54,12 @@ def _backends(names: list[str] | None) -> list[str]:
     return found
 
 
-def _targets(args):
-    from rlx_conformance.cli.main import _split
+def targets(args):
     from rlx_conformance.run.session import backend_targets
 
-    devices = args.device if args.device == "all" else _split([args.device])
-    modes = args.mode if args.mode == "all" else _split([args.mode])
-    return [t for b in _backends(_split(args.backend)) for t in backend_targets(b, devices, modes)]
+    devices = args.device if args.device == "all" else split([args.device])
+    modes = args.mode if args.mode == "all" else split([args.mode])
+    return [t for b in _backends(split(args.backend)) for t in backend_targets(b, devices, modes)]
 
 
 def write_stats(path: Path, cases: list[records.Record]) -> None:
@@ -62,10 +69,9 @@ def write_stats(path: Path, cases: list[records.Record]) -> None:
 
 
 def cmd_nightly(args) -> int:
-    from rlx_conformance.cli.main import _print_summary, _progress, _split, _tf32_run
     from rlx_conformance.run.session import build_cases, execute
 
-    cases = build_cases(_targets(args), _split(args.ops), _split(args.dtypes), tf32=args.tf32)
+    cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32)
     if not cases:
         raise RlxError("no cases selected")
     tholds = thresholds(args)  # bad options fail before the run, not after it
@@ -74,17 +80,17 @@ def cmd_nightly(args) -> int:
         raise RlxError(f"{report} already holds a run; pick another --report")
     baseline = Path(args.baseline)
     counts: Counter[str] = Counter()
-    with _progress(len(cases), enabled=not args.no_progress and sys.stderr.isatty()) as bar:
+    with progress(len(cases), enabled=not args.no_progress and sys.stderr.isatty()) as bar:
         def on_result(r: res.CaseResult) -> None:
             counts[r.outcome] += 1
             bar(r, counts)
         try:
             run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
-                          bundles=True, **_tf32_run(args, cases))
+                          bundles=True, **tf32_run(args, cases))
         except KeyboardInterrupt:
             print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
             return 130
-    _print_summary(run, args.show)
+    print_summary(run, args.show)
 
     new = records.load(run.path)
     junit.write(report / "junit.xml", new.cases)
@@ -109,16 +115,15 @@ def _exhaustive(args, report: Path) -> dict | None:
     report/exhaustive.json; its document (``failed``: a row over budget outside a known
     divergence, a crash, a timeout), or None when skipped: --ops selects no unary float op or
     --dtypes neither 16-bit float."""
-    from rlx_conformance.cli.main import _split
-    from rlx_conformance.run.exhaustive import run_exhaustive, unary_ops
     from rlx_conformance.cli.exhaustive import print_table
+    from rlx_conformance.run.exhaustive import run_exhaustive, unary_ops
 
-    ops = _split(args.ops)
-    globs = _split(args.dtypes)
+    ops = split(args.ops)
+    globs = split(args.dtypes)
     dtypes = [d for d in ("float16", "bfloat16") if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]
     if not dtypes or not unary_ops(ops):
         return None
-    doc = run_exhaustive(_targets(args), ops=ops, dtypes=dtypes, report_dir=report, workers=args.workers)
+    doc = run_exhaustive(targets(args), ops=ops, dtypes=dtypes, report_dir=report, workers=args.workers)
     print_table(doc, args.show)
     return doc
 

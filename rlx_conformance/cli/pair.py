@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlx_conformance.core.results import atomic_write_text
 from rlx_conformance.report import records
 from rlx_conformance.report.pairing import pair
-from rlx_conformance.core.results import atomic_write_text
 
 SHOW = 25
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlx_conformance.report import records, html as report_html
+from rlx_conformance.cli.diff import add_diff_options, check_lock, thresholds
+from rlx_conformance.report import html as report_html
+from rlx_conformance.report import records
 from rlx_conformance.report.diff import compare
 from rlx_conformance.report.pairing import pair
-from rlx_conformance.cli.diff import add_diff_options, check_lock, thresholds
 
 
 def cmd_report(args) -> int:

@@ -7,8 +7,8 @@ import datetime as _dt
 from pathlib import Path
 
 from rlx_conformance.core import results as res
-from rlx_conformance.judge import stability as st
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.judge import stability as st
 
 # How the committed cases/bit_stable.toml is made (kept in its header).
 RECIPE = """\

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rlx_conformance.cli.options import split
 from rlx_conformance.core import results as res
 
 SHOWN = ("pass", "fail", "xfail", "error", "contract", "crash", "timeout", "skip")
@@ -42,7 +43,6 @@ def register(sub) -> None:
 
 
 def cmd_validate(args) -> int:
-    from rlx_conformance.cli.main import _split
     from rlx_conformance.run.validate import validate
 
     interactive = not args.no_progress and sys.stderr.isatty()
@@ -53,7 +53,7 @@ def cmd_validate(args) -> int:
 
     try:
         v = validate(args.op, args.kernel, backend=args.backend, device=args.device, mode=args.mode,
-                     dtypes=_split(args.dtypes), case_ids=args.case, report_dir=Path(args.report) if args.report else None,
+                     dtypes=split(args.dtypes), case_ids=args.case, report_dir=Path(args.report) if args.report else None,
                      workers=args.workers, timeout=args.timeout, fuzz=args.fuzz,
                      derandomize=args.derandomize, strict=args.strict, speed_cases=args.speed_cases,
                      on_stage=stage)

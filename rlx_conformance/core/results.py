@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from rlx_conformance.core import provenance
+
 SCHEMA = "rlx-conformance/results/v1"
 # contract: the kernel broke the call convention (wrong output count/shape/dtype, a non-array
 # output, an input modified in place): reported as such, never as a numeric mismatch.
@@ -116,6 +118,7 @@ def run_metadata(**kw: Any) -> dict[str, Any]:
     import numpy
 
     meta = {
+        "harness": provenance.harness(),  # version, and the git commit when run from a checkout
         "platform": platform.platform(),
         "machine": platform.machine(),
         "python": sys.version.split()[0],

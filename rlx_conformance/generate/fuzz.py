@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import data
-from rlx_conformance.spec import values
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError, SpecError
 from rlx_conformance.generate.matrix import Case, Target, shape_families
+from rlx_conformance.spec import values
 from rlx_conformance.spec.registry import REQUIRED, OpSpec
 
 MAX_DIM = 8  # fuzzed sizes stay small: large inputs are the matrix's job (1031, 100003, 317x331)

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import data
-from rlx_conformance.spec import values
 from rlx_conformance.core.errors import RlxError, SpecError
-from rlx_conformance.spec.registry import OpSpec, all_ops, get_op
+from rlx_conformance.ops import all_ops, get_op
+from rlx_conformance.spec import values
+from rlx_conformance.spec.registry import OpSpec
 
 Shape = tuple[int, ...]
 

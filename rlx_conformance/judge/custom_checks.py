@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from rlx_conformance.spec import csr
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.compare import Comparison, Tolerance, compare
+from rlx_conformance.spec import csr
 
 NONE = Tolerance(source="custom judge: bound only")
 

@@ -41,11 +41,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import signal
 
 import gmpy2
 import numpy as np

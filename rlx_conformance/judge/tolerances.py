@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from functools import cache
 
 from rlx_conformance.core import data
-from rlx_conformance.judge.compare import Tolerance
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.judge.compare import Tolerance
 
 CATEGORIES = ("unimplemented", "undefined-by-spec", "backend-bug", "precision")
 

@@ -22,11 +22,11 @@ import math
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.compare import EXACT, compare
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
-from rlx_conformance.judge.tolerances import tolerance_for
 from rlx_conformance.judge.bounds import linalg as lj
+from rlx_conformance.judge.compare import EXACT, compare
+from rlx_conformance.judge.tolerances import tolerance_for
+from rlx_conformance.spec.registry import Attr, Input, Policy, declare
 
 FLOATS = dt.FLOATS
 

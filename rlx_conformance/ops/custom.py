@@ -23,12 +23,20 @@ from typing import Any
 
 import numpy as np
 
-from rlx_conformance.spec import csr
 from rlx_conformance.core import dtypes as dt
+from rlx_conformance.core.errors import SpecError
+from rlx_conformance.judge.custom_checks import (
+    cg_check,
+    gather_check,
+    lu_check,
+    matvec_check,
+    scatter_check,
+    scatter_undefined,
+    values_grad_check,
+)
+from rlx_conformance.spec import csr
 from rlx_conformance.spec import infer as _infer
 from rlx_conformance.spec.custom_ops import Codec, Field, custom_op
-from rlx_conformance.judge.custom_checks import cg_check, gather_check, lu_check, matvec_check, scatter_check, scatter_undefined, values_grad_check
-from rlx_conformance.core.errors import SpecError
 from rlx_conformance.spec.registry import Attr, Input
 from rlx_conformance.spec.values import Stream, make_array, specials
 

@@ -16,11 +16,11 @@ import math
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.spec import infer
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
-from rlx_conformance.ops import _linalg_build as lb
 from rlx_conformance.judge.bounds import linalg as judge
+from rlx_conformance.ops import _linalg_build as lb
+from rlx_conformance.spec import infer
+from rlx_conformance.spec.registry import Attr, Input, Policy, declare
 
 
 # -- shape inference ------------------------------------------------------------------------------

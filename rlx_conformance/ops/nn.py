@@ -27,10 +27,10 @@ import math
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.spec import infer
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
 from rlx_conformance.judge.bounds import nn as bounds
+from rlx_conformance.spec import infer
+from rlx_conformance.spec.registry import Attr, Input, Policy, declare
 
 FLOATS = dt.FLOATS
 

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.spec import infer
 from rlx_conformance.core.errors import SpecError
+from rlx_conformance.ops.reduce import gamma
+from rlx_conformance.spec import infer
 from rlx_conformance.spec.registry import Attr, Input, Policy, declare
 from rlx_conformance.spec.values import make_array
-from rlx_conformance.ops.reduce import gamma
 
 Shape = tuple[int, ...]
 EXACT = Policy(exact=True, signed_zero=True)

@@ -14,12 +14,12 @@ import math
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.spec import infer
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
-from rlx_conformance.spec.values import make_array, specials
 from rlx_conformance.judge.bounds import stats as _stats
 from rlx_conformance.ops.reduce import gamma
+from rlx_conformance.spec import infer
+from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.spec.values import make_array, specials
 
 FLOATS = dt.FLOATS
 

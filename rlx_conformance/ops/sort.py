@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.spec import infer
 from rlx_conformance.core.errors import SpecError
+from rlx_conformance.spec import infer
 from rlx_conformance.spec.registry import Attr, Input, Policy, declare
 
 EXACT = Policy(exact=True, signed_zero=True)

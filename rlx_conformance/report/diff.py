@@ -12,7 +12,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rlx_conformance.report.records import Record, Report, brief, is_bad, key_str, measure
+from rlx_conformance.report.records import (
+    Record,
+    Report,
+    brief,
+    is_bad,
+    key_str,
+    measure,
+)
 from rlx_conformance.report.stats import Dist, distributions
 
 SCHEMA = "rlx-conformance/diff/v1"

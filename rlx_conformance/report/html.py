@@ -15,12 +15,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from rlx_conformance.core.results import BAD, OUTCOMES, atomic_write_text
 from rlx_conformance.report import plots, stats
 from rlx_conformance.report.diff import Diff
-from rlx_conformance.report.pairing import Pairing
 from rlx_conformance.report.lockfile import LockCheck
-from rlx_conformance.report.records import SEVERITY, GroupKey, Record, Report, group_key, is_bad, measure, target, worst
-from rlx_conformance.core.results import BAD, OUTCOMES, atomic_write_text
+from rlx_conformance.report.pairing import Pairing
+from rlx_conformance.report.records import (
+    SEVERITY,
+    GroupKey,
+    Record,
+    Report,
+    group_key,
+    is_bad,
+    measure,
+    target,
+    worst,
+)
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64",
                "uint8", "uint32", "bool")

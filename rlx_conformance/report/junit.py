@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-from rlx_conformance.report.records import Record, target
 from rlx_conformance.core.results import atomic_write_text
+from rlx_conformance.report.records import Record, target
 
 FAILURE = ("fail", "xpass")
 ERROR = ("error", "crash", "timeout")

@@ -15,8 +15,8 @@ from typing import Any
 
 from rlx_conformance.core import data
 from rlx_conformance.core.errors import RlxError
-from rlx_conformance.report.records import GroupKey, Record, key_str, parse_key
 from rlx_conformance.core.results import atomic_write_text
+from rlx_conformance.report.records import GroupKey, Record, key_str, parse_key
 from rlx_conformance.report.stats import distributions
 
 LOCK_NAME = "tolerance_lock.toml"

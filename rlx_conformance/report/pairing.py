@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlx_conformance.report.records import Record, Report, brief, measure
 from rlx_conformance.judge.stability import input_id
+from rlx_conformance.report.records import Record, Report, brief, measure
 
 SCHEMA = "rlx-conformance/pair/v1"
 CLASSES = ("identical", "differ", "a_only", "b_only", "both", "unpaired")

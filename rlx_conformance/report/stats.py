@@ -77,7 +77,7 @@ def op_family(op: str) -> str:
     """The op's family from the registry (the case records hold only the shape family); an op
     this checkout does not know (a results.json from a newer harness) goes under "other"."""
     from rlx_conformance.core.errors import RlxError
-    from rlx_conformance.spec.registry import get_op
+    from rlx_conformance.ops import get_op
 
     try:
         return get_op(op).family

@@ -36,9 +36,9 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core import results as res
-from rlx_conformance.judge.compare import EXACT
-from rlx_conformance.generate.matrix import Case, make_inputs
 from rlx_conformance.core.results import CaseResult
+from rlx_conformance.generate.matrix import Case, make_inputs
+from rlx_conformance.judge.compare import EXACT
 
 DIRNAME = "repro"  # under the report directory
 # Outcomes that get a bundle: those that fail a run, except xpass (nothing left to reproduce).
@@ -290,11 +290,10 @@ def repro_script(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray
     the names its judge and judge attributes got there (for the self-check)."""
     from rlx_conformance.backends import get_backend
     from rlx_conformance.backends.base import compute_dtypes
-
-    from rlx_conformance.run import repro_runtime
     from rlx_conformance.core.errors import RlxError
-    from rlx_conformance.run.portable import Extractor, Source
     from rlx_conformance.judge.tolerances import tolerance_for
+    from rlx_conformance.run import repro_runtime
+    from rlx_conformance.run.portable import Extractor, Source
 
     if case.target.backend != "mlx":
         raise RlxError(f"repro.py is written for MLX cases only, not {case.target.backend}")

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from rlx_conformance.judge import accuracy
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.compare import EXACT, compare
 from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
-from rlx_conformance.generate.matrix import Case, make_inputs
 from rlx_conformance.core.results import CaseResult
+from rlx_conformance.generate.matrix import Case, make_inputs
+from rlx_conformance.judge import accuracy
+from rlx_conformance.judge.compare import EXACT, compare
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import tolerance_for
 

@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge import precise
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.matrix import Case, Target
+from rlx_conformance.judge import precise
 
 SCHEMA = "rlx-conformance/exhaustive/v1"
 DTYPES = ("float16", "bfloat16", "float32")
@@ -58,7 +58,7 @@ def default_cache_dir() -> Path:
 def unary_ops(globs: Sequence[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """(op, attrs) of every unary op with a float oracle: one float input, float output; each
     combination of attribute sweeps (clamp's bounds; cast to every float dtype)."""
-    from rlx_conformance.spec.registry import all_ops
+    from rlx_conformance.ops import all_ops
 
     out = []
     for spec in all_ops():
@@ -101,7 +101,7 @@ def _attr_label(attrs: dict[str, Any]) -> str:
 
 def pseudo_case(op: str, attrs: dict[str, Any], dtype: str, n: int, target: Target) -> Case:
     """The case a row stands for (known divergences match rows through it)."""
-    from rlx_conformance.spec.registry import get_op
+    from rlx_conformance.ops import get_op
 
     spec = get_op(op)
     order = [a.name for a in spec.attrs]
@@ -143,7 +143,7 @@ def _hex(v: np.ndarray) -> str:
 def judge_row(op: str, attrs: dict[str, Any], x: np.ndarray, got: np.ndarray, want: np.ndarray,
               ftz: bool) -> dict[str, Any]:
     from rlx_conformance.judge.accuracy import budget_for, measure
-    from rlx_conformance.spec.registry import get_op
+    from rlx_conformance.ops import get_op
 
     spec = get_op(op)
     out_dtype = dt.name_of(want.dtype)
@@ -171,7 +171,6 @@ def judge_row(op: str, attrs: dict[str, Any], x: np.ndarray, got: np.ndarray, wa
 # -- worker ------------------------------------------------------------------------------------------
 def _run_one(job: dict[str, Any], target: Target, x: np.ndarray, want: np.ndarray) -> dict[str, Any]:
     from rlx_conformance.backends import get_backend
-
     from rlx_conformance.core.errors import UnsupportedError
 
     op, attrs = job["op"], job["attrs"]
@@ -352,7 +351,7 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
     if not sel:
         raise RlxError("exhaustive: no unary float op matches " + ", ".join(ops or []))
     tlist = ([REFERENCE] if reference else []) + [t for t in targets if t != REFERENCE]
-    from rlx_conformance.spec.registry import get_op
+    from rlx_conformance.ops import get_op
 
     jobs = []
     for op, attrs in sel:

@@ -152,8 +152,9 @@ def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = 
     (it needs every case of an entry) and says so in its warnings. ``rejudge``: judge every
     record again under the known divergences as they are now (runner.rejudge); one whole,
     uninterrupted run so re-judged also gets the checks over the whole set."""
-    from rlx_conformance.run.runner import finalize, rejudge as rejudge_record
     from rlx_conformance.judge.stability import enforce
+    from rlx_conformance.run.runner import finalize
+    from rlx_conformance.run.runner import rejudge as rejudge_record
 
     if not inputs:
         raise RlxError("merge needs at least one report")

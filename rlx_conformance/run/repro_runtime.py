@@ -22,7 +22,6 @@ import mlx.core as mx
 import numpy as np
 
 from rlx_conformance.backends.mlx import MX_DTYPES, dtype_name, to_mlx, to_numpy
-
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.compare import Comparison, Tolerance, compare
 

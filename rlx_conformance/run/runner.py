@@ -22,8 +22,8 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING
 
 from rlx_conformance.core.errors import RlxError
-from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.core.results import CaseResult
+from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge.tolerances import known_divergence, stale_entries
 
 if TYPE_CHECKING:

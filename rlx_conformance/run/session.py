@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlx_conformance.core import results as res
-from rlx_conformance.judge import stability
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.matrix import Case, Target, generate
+from rlx_conformance.judge import stability
 from rlx_conformance.run.runner import DEFAULT_TIMEOUT, Runner, finalize
 
 ALL_MODES = ("eager", "lazy", "compiled")

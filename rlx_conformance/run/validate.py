@@ -55,7 +55,12 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import results as res
-from rlx_conformance.core.errors import KernelContractError, RlxError, SpecError, UnsupportedError
+from rlx_conformance.core.errors import (
+    KernelContractError,
+    RlxError,
+    SpecError,
+    UnsupportedError,
+)
 from rlx_conformance.generate.matrix import Case, Target
 
 ENV = "RLX_CONFORMANCE_VALIDATE"  # JSON handed to worker processes: which kernel, for which op
@@ -474,9 +479,8 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
              on_stage: Callable[[str], None] | None = None) -> Validation:
     """Validate ``kernel`` for ``op``; see the module docstring. Raises RlxError for usage errors."""
     from rlx_conformance.backends import get_backend
-
     from rlx_conformance.generate.fuzz import ci_derandomize, hypothesis_modules
-    from rlx_conformance.spec.registry import get_op
+    from rlx_conformance.ops import get_op
     from rlx_conformance.run.session import backend_targets, build_cases, execute
 
     t0 = time.perf_counter()
@@ -686,10 +690,9 @@ def _speed(v: Validation, by_id: dict[str, Case], svc: Isolated, k: int, timeout
 def _fuzz(v: Validation, spec, svc: Isolated, target: Target, n: int, derandomize: bool, strict: bool,
           report_dir: Path, dtype_globs: list[str] | None = None) -> None:
     from rlx_conformance.backends import get_backend
-
-    from rlx_conformance.run.execute import judge
     from rlx_conformance.generate.fuzz import Verdict, explore
     from rlx_conformance.judge.tolerances import known_divergence
+    from rlx_conformance.run.execute import judge
 
     b = get_backend(target.backend)
     claimed = [d for d in spec.dtypes if b.supports(spec.name, d, target.device)

@@ -28,7 +28,14 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core.errors import RegistrationError, SpecError
-from rlx_conformance.spec.registry import REGISTRY, Attr, Input, OpSpec, Policy, Registry
+from rlx_conformance.spec.registry import (
+    REGISTRY,
+    Attr,
+    Input,
+    OpSpec,
+    Policy,
+    Registry,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
@@ -195,10 +202,6 @@ def custom_op(name: str, *, inputs: Sequence[Input], infer: Callable[..., Any],
 def custom(name: str, registry: Registry | None = None) -> CustomOp:
     """The custom op ``name`` (UnknownOpError for an unknown name, SpecError for a built-in)."""
     registry = REGISTRY if registry is None else registry
-    if registry is REGISTRY:
-        from rlx_conformance.spec.registry import get_op
-
-        get_op(name)  # loads the op modules; unknown op -> UnknownOpError with suggestions
     try:
         return _table(registry)[name]
     except KeyError:

@@ -9,6 +9,7 @@ one module per family.
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,6 +153,9 @@ class OpSpec:
     # Error inputs (bad shapes, attributes, indices, dtypes) that every backend must reject:
     # a list of (description, inputs, attrs). Used by validate's error-input parity check.
     error_inputs: Callable[[], list[tuple[str, list[np.ndarray], dict[str, Any]]]] | None = None
+    # Where the op is declared ("path/to/module.py:LINE"), for ``rlx-conformance ops OP --explain``:
+    # filled by ``declare`` from the first caller outside the registry's declaration helpers.
+    declared_at: str = ""
 
     # -- derived facts -------------------------------------------------------------------------
     def attr(self, name: str) -> Attr:
@@ -217,7 +221,8 @@ class OpSpec:
 
 
 class Registry(Mapping[str, OpSpec]):
-    """Name → OpSpec. Populated by importing ``rlx_conformance.ops``."""
+    """Name → OpSpec. Filled by ``declare``: the built-in families when ``rlx_conformance.ops`` is
+    imported, custom ops when their module is; look ops up through ``rlx_conformance.ops``."""
 
     def __init__(self) -> None:
         self._ops: dict[str, OpSpec] = {}
@@ -251,19 +256,19 @@ class Registry(Mapping[str, OpSpec]):
 REGISTRY = Registry()
 
 
+def _caller_location() -> str:
+    """file:line of the declaration: the first frame outside this package's declaration helpers
+    (``rlx_conformance.spec``) and outside private helper modules of ``rlx_conformance.ops``."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        mod = frame.f_globals.get("__name__", "")
+        if not (mod.startswith("rlx_conformance.spec") or mod.startswith("rlx_conformance.ops._")):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
 def declare(**kw: Any) -> OpSpec:
     """Declare an op in the global registry (used by the family modules in ``rlx_conformance.ops``)."""
+    kw.setdefault("declared_at", _caller_location())
     return REGISTRY.add(OpSpec(**kw))
-
-
-def get_op(name: str) -> OpSpec:
-    """The OpSpec for ``name`` (loads the built-in op modules first)."""
-    from rlx_conformance import ops  # noqa: F401  (registers built-ins)
-
-    return REGISTRY[name]
-
-
-def all_ops() -> list[OpSpec]:
-    from rlx_conformance import ops  # noqa: F401
-
-    return list(REGISTRY.values())

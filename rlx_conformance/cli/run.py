@@ -1,0 +1,102 @@
+"""rlx-conformance run: the case matrix (or --case IDs) on a backend against the CPU reference,
+results.json, repro bundles and a summary; exit 1 when any case is bad."""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+from rlx_conformance.cli.options import (
+    add_matrix_options,
+    parse_shard,
+    print_summary,
+    progress,
+    sample,
+    split,
+    targets,
+    tf32_run,
+)
+from rlx_conformance.core import results as res
+from rlx_conformance.core.errors import RlxError
+from rlx_conformance.run.session import (
+    build_cases,
+    default_report_dir,
+    execute,
+    find_case,
+    resume_cases,
+)
+
+
+def cmd_run(args) -> int:
+    if args.repeat < 1 or args.sample < 1:
+        raise RlxError("--repeat and --sample want a count >= 1")
+    if args.case:
+        cases = [find_case(i) for i in args.case]
+    else:
+        cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32)
+    shard = None
+    if args.shard:
+        i, n = parse_shard(args.shard)
+        cases = [c for k, c in enumerate(cases) if k % n == i - 1]
+        shard = f"{i}/{n}"
+    if args.sample > 1:
+        cases = sample(cases, args.sample)
+    if not cases:
+        raise RlxError("no cases selected")
+    tf32 = tf32_run(args, cases)
+    prior, prior_wall = [], 0.0
+    if args.resume:
+        if args.report or args.repeat > 1:
+            raise RlxError("--resume DIR writes into DIR and does not combine with --report or --repeat")
+        report = Path(args.resume)
+        try:
+            prior_meta, prior = res.load_resumable(report)
+        except ValueError as e:
+            raise RlxError(str(e)) from None
+        prior_wall = prior_meta.get("wall_s") or 0.0
+        cases = resume_cases(cases, prior)
+        print(f"resuming {report}: {len(prior)} case(s) kept, {len(cases)} to run", file=sys.stderr)
+    else:
+        report = Path(args.report) if args.report else default_report_dir()
+    counts: Counter[str] = Counter()
+    with progress(len(cases) * args.repeat, enabled=not args.no_progress and sys.stderr.isatty()) as bar:
+        def on_result(r: res.CaseResult) -> None:
+            counts[r.outcome] += 1
+            bar(r, counts)
+        try:
+            run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
+                          strict_divergences=not (args.case or args.shard or args.sample > 1),
+                          repeat=args.repeat, bundles=not args.no_bundles, shard=shard,
+                          prior=prior, prior_wall_s=prior_wall, **tf32)
+        except KeyboardInterrupt:
+            print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
+            return 130
+    print_summary(run, args.show)
+    n_bundles = sum(1 for r in run.results if r.repro)
+    if n_bundles:
+        print(f"repro bundles: {n_bundles} under {report / 'repro'} (python <bundle>/repro.py)")
+    return 1 if run.failed else 0
+
+
+
+def register(sub) -> None:
+    r = sub.add_parser("run", help="run the case matrix (or --case IDs) and write results.json")
+    add_matrix_options(r)
+    r.add_argument("--case", action="append", metavar="ID", help="run exactly this case id (repeatable)")
+    r.add_argument("--report", metavar="DIR", help="report directory (default: reports/run-<time>)")
+    r.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    r.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run before it is killed (default 60)")
+    r.add_argument("--shard", metavar="I/N", help="run only shard I of N (deterministic split)")
+    r.add_argument("--resume", metavar="DIR",
+                   help="finish the interrupted or killed run in DIR (same options as it had): "
+                        "keep its records, run the cases it did not reach, write DIR/results.json")
+    r.add_argument("--sample", type=int, default=1, metavar="K",
+                   help="run every K-th input set of each op and dtype, all its targets (default 1: all)")
+    r.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run each case N times, in different workers where possible, and classify "
+                        "bit-stability over repeats and modes (default 1)")
+    r.add_argument("--show", type=int, default=25, help="bad cases to list at the end (default 25)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--no-bundles", action="store_true",
+                   help="no repro bundles (REPORT/repro/<case>/) for the cases that fail the run")
+    r.set_defaults(fn=cmd_run)
