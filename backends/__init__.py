@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 
 from rlx_conformance.backends.base import Backend, KernelEntry  # noqa: F401
-
 from rlx_conformance.core.errors import RlxError
 
 BACKENDS = {"cpu": "rlx_conformance.backends.cpu", "mlx": "rlx_conformance.backends.mlx"}

@@ -8,6 +8,8 @@ import pkgutil
 import sys
 import types
 
+from rlx_conformance.core.errors import RegistrationError, RlxError
+
 ENTRY_POINT_GROUP = "rlx_conformance.kernels"
 
 
@@ -25,8 +27,6 @@ def load_entry_point_kernels(package: str) -> None:
     loads with the backend, in every process, so its kernels take part in every run; each kernel
     it registers or replaces gets its origin (the entry point and its distribution) and the
     input-mutation check. A failure is a RegistrationError naming the entry point."""
-    from rlx_conformance.core.errors import RegistrationError, RlxError
-
     backend_name = package.rpartition(".")[2]
     backend = sys.modules[package].BACKEND
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):

@@ -227,7 +227,7 @@ def type_var(spec: OpSpec, in_dtypes: Sequence[str]) -> str | None:
 
 
 def compute_dtypes(spec: OpSpec, in_dtypes: Sequence[str]) -> list[str]:
-    """float16/bfloat16 inputs compute in float32 unless the op is pure layout (OPS.md)."""
+    """float16/bfloat16 inputs compute in float32 unless the op is pure layout (low precision, docs/ops.md)."""
     if spec.low_precision != "f32":
         return list(in_dtypes)
     return [dt.compute_dtype(d) for d in in_dtypes]

@@ -89,9 +89,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import mlx.core as mx
-    from rlx_conformance.backends.mlx import delegate, to_mlx
 
     from rlx_conformance import backends
+    from rlx_conformance.backends.mlx import delegate, to_mlx
     from rlx_conformance.core import dtypes as dt
     from rlx_conformance.ops import all_ops
 

@@ -120,10 +120,10 @@ def main() -> None:
     args = ap.parse_args()
 
     import mlx.core as mx
-    from rlx_conformance.backends.mlx import cuda_kernels as ck
-    from rlx_conformance.backends.mlx import to_mlx, to_numpy
 
     from rlx_conformance import backends
+    from rlx_conformance.backends.mlx import cuda_kernels as ck
+    from rlx_conformance.backends.mlx import to_mlx, to_numpy
     from rlx_conformance.core import dtypes as dt
     from rlx_conformance.ops import all_ops
 

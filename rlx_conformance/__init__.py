@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from rlx_conformance.core import provenance
 from rlx_conformance.core.errors import (
     KernelContractError,
     RegistrationError,
@@ -19,7 +20,7 @@ from rlx_conformance.core.errors import (
     UnsupportedError,
 )
 
-__version__ = "0.1.0"
+__version__ = provenance.version()
 
 
 def run_op(name: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None = None,

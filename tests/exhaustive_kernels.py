@@ -9,6 +9,7 @@ import signal
 def install_crashing_neg() -> None:
     """MLX's neg dies by SIGSEGV on float16 input (as a fault in native code would)."""
     import mlx.core as mx
+
     from rlx_conformance.backends import get_backend
 
     mlx = get_backend("mlx")

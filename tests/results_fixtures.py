@@ -7,6 +7,7 @@ from typing import Any
 
 from rlx_conformance.core.results import CaseResult, write_results
 from rlx_conformance.generate import matrix
+from rlx_conformance.judge.stability import classify
 
 
 def result(op: str = "exp", dtype: str = "float32", outcome: str = "pass", *, n: int = 7,
@@ -25,5 +26,6 @@ def group(op: str, dtype: str, ulps: list[float], outcome: str = "pass", start: 
 def write(path: Path, results: list[CaseResult], run: dict[str, Any] | None = None) -> Path:
     """A report dir holding results.json; returns the dir."""
     path.mkdir(parents=True, exist_ok=True)
-    write_results(path / "results.json", run or {"start": "2026-01-01T00:00:00+00:00", "targets": []}, results)
+    write_results(path / "results.json", run or {"start": "2026-01-01T00:00:00+00:00", "targets": []}, results,
+                  classify(results))
     return path

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rlx_conformance.backends import get_backend
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 from rlx_conformance.run.bundle import BundleSink, bundle_name, reproduce
 from rlx_conformance.run.portable import standalone

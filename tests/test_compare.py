@@ -15,9 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rlx_conformance.judge.compare import (
-    EXACT,
+    BIT_EXACT_TOLERANCE,
     Tolerance,
+    asserted,
     compare,
+    element_errors,
     ulp_distance,
     ulp_size,
 )
@@ -206,7 +208,7 @@ LOOSE = Tolerance(max_ulp=1e30, rtol=1e30, atol=1e300)  # any finite difference 
 @pytest.mark.parametrize("name", FLOATS)
 def test_nan_positions_must_match(name):
     assert cmp([math.nan, 1.0], [math.nan, 1.0], name).ok
-    assert cmp([math.nan], [-math.nan], name, exact=True, tol=EXACT).ok  # sign/payload ignored
+    assert cmp([math.nan], [-math.nan], name, exact=True, tol=BIT_EXACT_TOLERANCE).ok  # sign/payload ignored
     c = cmp([math.nan, 1.0], [1.0, math.nan], name, tol=LOOSE)
     assert not c.ok and c.mismatches == 2 and "NaN" in c.message
     c = cmp([1.0, 2.0], [1.0, math.nan], name, tol=LOOSE)
@@ -226,7 +228,7 @@ def test_infinities_exactly(name):
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_signed_zero_only_when_asked(exact):
-    tol = EXACT if exact else Tolerance(max_ulp=2)
+    tol = BIT_EXACT_TOLERANCE if exact else Tolerance(max_ulp=2)
     assert cmp([0.0, -0.0], [-0.0, 0.0], exact=exact, tol=tol).ok
     c = cmp([0.0, -0.0, 1.0], [-0.0, -0.0, 1.0], exact=exact, signed_zero=True, tol=tol)
     assert not c.ok and c.mismatches == 1 and "signed zero" in c.message
@@ -238,14 +240,14 @@ def test_exact_mode_ignores_tolerance():
     one_up = float(np.nextafter(np.float32(1), np.float32(2)))
     assert not cmp([1.0], [one_up], exact=True, tol=LOOSE).ok
     assert cmp([1.0], [one_up], exact=False, tol=Tolerance(max_ulp=1)).ok
-    assert cmp([1.0, 2.5], [1.0, 2.5], exact=True, tol=EXACT).ok
+    assert cmp([1.0, 2.5], [1.0, 2.5], exact=True, tol=BIT_EXACT_TOLERANCE).ok
 
 
 def test_tolerance_is_any_of():
     """Each criterion alone, set to exactly the measured error, passes (the bounds are inclusive);
     all three just below the measured errors fail."""
     e, a = [1e-3], [1e-3 + 1e-6]
-    m = cmp(e, a, tol=EXACT)
+    m = cmp(e, a, tol=BIT_EXACT_TOLERANCE)
     assert not m.ok and m.max_abs_err > 0 and m.max_ulp > 1
     assert cmp(e, a, tol=Tolerance(atol=m.max_abs_err)).ok
     assert cmp(e, a, tol=Tolerance(rtol=m.max_rel_err)).ok
@@ -330,17 +332,18 @@ def test_bound_with_nonfinite_expected_is_warning_free():
 def test_skip_mask_broadcasts():
     e = np.zeros((2, 3), np.float32)
     a = np.ones((2, 3), np.float32)
-    c = compare(e, a, exact=True, signed_zero=False, tol=EXACT, skip=np.array([True, True, False]))
+    c = compare(e, a, exact=True, signed_zero=False, tol=BIT_EXACT_TOLERANCE,
+                skip=np.array([True, True, False]))
     assert not c.ok and c.mismatches == 2 and c.checked == 2
-    assert compare(e, a, exact=True, signed_zero=False, tol=EXACT, skip=np.array(True)).ok
+    assert compare(e, a, exact=True, signed_zero=False, tol=BIT_EXACT_TOLERANCE, skip=np.array(True)).ok
 
 
 def test_shape_and_dtype_mismatch_messages():
     c = compare(np.zeros(2, np.float32), np.zeros(3, np.float32), exact=True, signed_zero=False,
-                tol=EXACT, name="output 1")
+                tol=BIT_EXACT_TOLERANCE, name="output 1")
     assert not c.ok and c.message == "output 1: shape (3,) != expected (2,)"
     c = compare(np.zeros(2, np.float32), np.zeros(2, np.float16), exact=True, signed_zero=False,
-                tol=EXACT)
+                tol=BIT_EXACT_TOLERANCE)
     assert not c.ok and c.message == "output: dtype float16 != expected float32"
 
 
@@ -350,16 +353,16 @@ def test_integers_and_bools_are_exact():
     c = compare(e, a, exact=False, signed_zero=False, tol=LOOSE)  # ints ignore the tolerance
     assert not c.ok and c.mismatches == 1 and c.worst_index == (1,) and c.max_abs_err == 5
     assert "1/3 elements differ; first at (1,)" in c.message
-    assert compare(e, e.copy(), exact=True, signed_zero=False, tol=EXACT).ok
+    assert compare(e, e.copy(), exact=True, signed_zero=False, tol=BIT_EXACT_TOLERANCE).ok
     b = np.array([True, False])
-    assert not compare(b, ~b, exact=True, signed_zero=False, tol=EXACT).ok
-    assert compare(b, ~b, exact=True, signed_zero=False, tol=EXACT, skip=np.array(True)).ok
+    assert not compare(b, ~b, exact=True, signed_zero=False, tol=BIT_EXACT_TOLERANCE).ok
+    assert compare(b, ~b, exact=True, signed_zero=False, tol=BIT_EXACT_TOLERANCE, skip=np.array(True)).ok
 
 
 def test_uint_difference_measured_without_wraparound():
     e = np.array([0], np.uint8)
     a = np.array([255], np.uint8)
-    c = compare(e, a, exact=True, signed_zero=False, tol=EXACT)
+    c = compare(e, a, exact=True, signed_zero=False, tol=BIT_EXACT_TOLERANCE)
     assert c.max_abs_err == 255
 
 
@@ -382,3 +385,25 @@ def test_low_precision_ulps_counted_in_output_dtype(name):
     c = compare(e, a, exact=False, signed_zero=False, tol=Tolerance(max_ulp=1))
     assert c.ok and c.max_ulp == 1
     assert not compare(e, a, exact=False, signed_zero=False, tol=Tolerance(max_ulp=0.5)).ok
+
+
+@pytest.mark.parametrize("name", FLOATS)
+def test_element_errors_do_not_depend_on_the_order(name):
+    """compare() passes (reference, target), accuracy.measure() (precise oracle, implementation):
+    the per-element errors they share must be the same either way round, bit for bit."""
+    vals = arr([0.0, -0.0, 1.0, -1.5, math.inf, -math.inf, math.nan, 3.0, 2.0**-20], name)
+    x, y = np.meshgrid(vals, vals)
+    xy, yx = element_errors(x, y), element_errors(y, x)
+    assert np.array_equal(xy.expected, yx.actual, equal_nan=True)
+    for f in ("nan", "finite", "nan_bad", "inf_bad", "signed_zero"):
+        assert np.array_equal(getattr(xy, f), getattr(yx, f)), f
+    for f in ("abs_diff", "ulp"):
+        assert np.array_equal(getattr(xy, f).view(np.uint64), getattr(yx, f).view(np.uint64)), f
+    assert xy.signed_zero.sum() == 2 and xy.nan_bad.sum() == 2 * (len(vals) - 1)
+
+
+def test_asserted_mask_and_bound():
+    mask, bound = asserted((2, 2), np.array([True, False]), np.array([[1.0, math.nan], [2.0, 3.0]]))
+    assert mask.tolist() == [[False, False], [False, True]] and bound.dtype == np.float64
+    mask, bound = asserted((3,), None, None)
+    assert mask.all() and bound is None

@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 import scipy.signal
-from rlx_conformance.backends import get_backend
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.generate import matrix
+from rlx_conformance.judge.bounds.conv import conv_bound, conv_params, pool_params
 from rlx_conformance.ops import get_op
-from rlx_conformance.ops.conv import conv_bound, conv_params, pool_params
 
 CPU = get_backend("cpu")
 T = matrix.Target("mlx", "cpu", "eager")

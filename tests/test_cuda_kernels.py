@@ -9,16 +9,17 @@ twice more to show the results are bit-identical run to run.
 """
 from __future__ import annotations
 
-import math
+import inspect
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from rlx_conformance.backends.mlx import cuda_kernels as ck
-from rlx_conformance.backends.mlx import to_mlx, to_numpy
 
 from rlx_conformance import backends
+from rlx_conformance.backends.mlx import cuda_kernels as ck
+from rlx_conformance.backends.mlx import cuda_validate, custom, to_mlx, to_numpy
 from rlx_conformance.core import dtypes as dt
+from rlx_conformance.core.errors import UnsupportedError
 from rlx_conformance.generate import matrix
 from rlx_conformance.ops import get_op
 
@@ -189,6 +190,34 @@ def test_inactive_without_cuda_or_when_disabled(monkeypatch):
     assert not ck.active()
 
 
+def test_forced_overrides_the_switch_and_nests(monkeypatch):
+    monkeypatch.setenv(ck.ENV, "0")
+    monkeypatch.setattr(ck, "available", lambda: True)
+    with mx.stream(mx.gpu if mx.is_available(mx.gpu) else mx.cpu):
+        on_gpu = mx.default_device().type == mx.gpu
+        assert not ck.active()
+        with ck.forced():
+            with ck.forced():
+                assert ck.active() == on_gpu and ck._forced
+            assert ck.active() == on_gpu and ck._forced
+        assert not ck.active() and not ck._forced
+
+
+def test_validate_entry_points_wrap_the_custom_kernels():
+    """cuda_validate's ``*_kernel`` functions: one per op of VALIDATE, with the signature of the
+    custom.py kernel they force onto CUDA; without a CUDA GPU they say so."""
+    for op, name in cuda_validate.VALIDATE.items():
+        fn = getattr(cuda_validate, name)
+        builtin = getattr(custom, name.removesuffix("_kernel"))
+        assert list(inspect.signature(fn).parameters) == list(inspect.signature(builtin).parameters), op
+        assert backends.get_backend("mlx").kernels[op].fn is builtin
+    if not ck.available():
+        with pytest.raises(UnsupportedError, match="needs MLX's CUDA build"):
+            cuda_validate.mat_vec_kernel(*[to_mlx(x, d) for x, d in (
+                (np.ones(1, np.float32), "float32"), (np.zeros(1, np.int32), "int32"),
+                (np.array([0, 1], np.int32), "int32"), (np.ones(1, np.float32), "float32"))])
+
+
 # -- on MLX's CUDA build -------------------------------------------------------------------------
 @on_cuda
 @pytest.mark.parametrize("mode", ["eager", "lazy", "compiled"])
@@ -244,8 +273,6 @@ def test_only_cpu_stream_kernels_name_the_cpu_stream():
     """On device gpu every MLX kernel runs on the GPU stream Backend.run enters, except float64
     and kernels registered cpu_stream=True (the result records stream "cpu"): a kernel that
     names mx.cpu itself must be registered so."""
-    import inspect
-
     mlx = backends.get_backend("mlx")
     for op, e in mlx.kernels.items():
         if e.native and "mx.cpu" in inspect.getsource(e.fn):

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rlx_conformance.backends.cpu import CpuBackend
 
 from rlx_conformance import backends
+from rlx_conformance.backends.cpu import CpuBackend
 from rlx_conformance.core.errors import RegistrationError, SpecError, UnknownOpError
 from rlx_conformance.ops import get_op
 from rlx_conformance.spec import infer
@@ -37,7 +37,7 @@ I32 = st.integers(-2**31, 2**31 - 1)
 U32 = st.integers(0, 2**32 - 1)
 
 
-# -- codec: RLX's byte encoding (OPS.md) ---------------------------------------------------------
+# -- codec: RLX's byte encoding (docs/ops.md) ----------------------------------------------------
 def test_rlx_byte_layouts():
     """The exact bytes RLX reads: little-endian, packed, reduction codes 0 none .. 4 min."""
     assert encode_attrs("onnx.ScatterElements", {"axis": -1, "reduction": "max"}) == struct.pack("<ii", -1, 3)
@@ -296,7 +296,6 @@ def test_delegate_passes_declared_dtypes_exactly():
 
 def test_forced_delegation_runs_and_is_marked():
     from rlx_conformance.backends.mlx import delegate
-
     from rlx_conformance.generate import matrix
     from rlx_conformance.run import execute
 
@@ -333,7 +332,6 @@ def test_force_delegate_environment_variable(monkeypatch):
 def test_fallback_delegate_for_a_custom_op_without_mlx_kernel(monkeypatch):
     """A contributed custom op with only a CPU kernel gets a delegated MLX kernel."""
     from rlx_conformance.backends.mlx import delegate
-
     from rlx_conformance.spec import registry
 
     name = "test_delegate.Twice"

@@ -6,7 +6,7 @@
   the onnx package as code: onnx.backend.test.case.node.*) run as fixed cases against the CPU
   reference and against MLX in every mode;
 * the sparse ops against dense float64 linear algebra (numpy) and scipy.sparse.linalg.cg;
-* the oracle verdict that failing ONNX-op cases carry;
+* the ONNX oracles' verdict that failing ONNX-op cases carry;
 * a reproduction of the MLX heap corruption that keeps lu_solve from calling MLX on 1x1 float64.
 """
 from __future__ import annotations
@@ -22,14 +22,15 @@ import pytest
 
 from rlx_conformance import backends
 from rlx_conformance.generate import matrix
-from rlx_conformance.judge import onnx_oracles as oracles
+from rlx_conformance.judge import onnx_oracles
+from rlx_conformance.judge.custom_checks import matvec_bound
 from rlx_conformance.ops import get_op
 from rlx_conformance.spec import csr
 
-HAVE_ONNX = oracles.available()["onnx"]
+HAVE_ONNX = onnx_oracles.available()["onnx"]
 needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="onnx is not installed")
 
-ONNX_OPS = list(oracles.ONNX_OPS)
+ONNX_OPS = list(onnx_oracles.ONNX_OPS)
 CPU = backends.get_backend("cpu")
 
 
@@ -44,7 +45,7 @@ def _judge(op, inputs, attrs, expected, actual):
 
 
 def _skip_quirk(op, inputs, attrs, oracle):
-    """Inputs where an oracle departs from the ONNX spec text (module doc of oracles.py)."""
+    """Inputs where an oracle departs from the ONNX spec text (module doc of onnx_oracles.py)."""
     data = inputs[0]
     if attrs.get("reduction") in ("max", "min") and np.issubdtype(data.dtype, np.floating) and (
             np.isnan(data).any() or np.isnan(inputs[2]).any()):
@@ -54,12 +55,12 @@ def _skip_quirk(op, inputs, attrs, oracle):
 
 # -- ONNX oracles on matrix cases ----------------------------------------------------------------
 @needs_onnx
-@pytest.mark.parametrize("oracle", list(oracles.ORACLES))
+@pytest.mark.parametrize("oracle", list(onnx_oracles.ONNX_ORACLES))
 @pytest.mark.parametrize("op", ONNX_OPS)
 def test_cpu_reference_agrees_with_onnx_oracles(op, oracle):
     if oracle == "onnxruntime":
         pytest.importorskip("onnxruntime")
-    run = oracles.ORACLES[oracle]
+    run = onnx_oracles.ONNX_ORACLES[oracle]
     checked = skipped = 0
     for c in _cases(op, dtypes=["float32", "float64", "int64", "int32", "int8", "uint8", "bool",
                                 "float16"], every=2):
@@ -166,7 +167,6 @@ def test_mat_vec_against_exact_row_sums(c):
         except OverflowError:
             return np.nan
     exact = np.array([exact_sum(prod[rp[r]:rp[r + 1]]) for r in range(rp.size - 1)])
-    from rlx_conformance.judge.custom_checks import matvec_bound
     bound = matvec_bound(ins, c.dtype) / 2  # one implementation's share
     with np.errstate(all="ignore"):
         err = np.abs(y.astype(np.float64) - exact.astype(values.dtype).astype(np.float64))
@@ -239,14 +239,14 @@ def test_oracle_verdict_names_the_side_onnx_agrees_with():
     attrs = {"reduction": "max"}
     (ref,) = CPU.run("onnx.ScatterND", [data, idx, upd], attrs)  # [5, nan, 3]: NaN propagates
     mlx_like = np.array([5.0, 2.0, 3.0], np.float32)  # NaN in the output replaced by the update
-    v = oracles.verdict("onnx.ScatterND", [data, idx, upd], attrs, ref, mlx_like)
+    v = onnx_oracles.verdict("onnx.ScatterND", [data, idx, upd], attrs, ref, mlx_like)
     assert "onnx.reference agrees with CPU reference" in v
     comps = get_op("onnx.ScatterND").policy.check([data, idx, upd], attrs, [ref], [mlx_like])
     assert not comps[0].ok and "onnx.reference agrees with CPU reference" in comps[0].message
 
 
 def test_verdict_for_ops_without_oracle():
-    assert oracles.verdict("rlx_sparse.mat_vec", [], {}, np.zeros(1), np.zeros(1)).startswith("no ONNX")
+    assert onnx_oracles.verdict("rlx_sparse.mat_vec", [], {}, np.zeros(1), np.zeros(1)).startswith("no ONNX")
 
 
 # -- the MLX bug behind lu_solve's 1x1 float64 guard ---------------------------------------------

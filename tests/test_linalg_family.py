@@ -10,8 +10,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from rlx_conformance.backends import get_backend
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 from rlx_conformance.judge.bounds import linalg as judge
 from rlx_conformance.ops import get_op

@@ -2,9 +2,9 @@
 summary and stability section of the whole run, the checks that need the whole set included.
 
 One module fixture runs a small matrix (neg and exp, float64, eager and lazy) through the CLI
-whole and as 3 shards, against a copy of cases/ in which the first known divergence (float64
-exp) is moved onto float64 neg: exp's cases then fail (and get repro bundles) and the entry, whose
-neg cases all pass, is stale: xpass, which only the whole set (or the merge) can tell.
+whole and as 3 shards, against a copy of cases/ in which the first known divergence's float64 exp
+is moved onto float64 neg: exp's cases then fail (and get repro bundles) and the entry's neg item,
+whose cases all pass, is stale: xpass, which only the whole set (or the merge) can tell.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import pytest
 from rlx_conformance.cli import main as cli
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.judge.stability import classify
 from rlx_conformance.run.merge import merge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,11 +36,11 @@ def runs(tmp_path_factory):
     shutil.copytree(ROOT / "cases", cases)
     kd = cases / "known_divergences.toml"
     text = kd.read_text()
-    entry = 'op = "exp"\ndtype = "float64"\n'
-    assert text.index(entry) < text.index("[[divergence]]", text.index("[[divergence]]") + 1), \
-        "the first known divergence is no longer float64 exp"
-    kd.write_text(text.replace(entry, 'op = "neg"\ndtype = "float64"\n', 1))
-    env = dict(os.environ, RLX_CONFORMANCE_CASES=str(cases), PYTHONPATH=str(ROOT))
+    entry = 'op = ["exp", '
+    first = text[text.index("[[divergence]]"):text.index("[[divergence]]", text.index("[[divergence]]") + 1)]
+    assert entry in first and 'dtype = "float64"' in first, "the first known divergence is no longer float64 exp"
+    kd.write_text(text.replace(entry, 'op = ["neg", ', 1))
+    env = dict(os.environ, RLX_CONFORMANCE_CASES=str(cases))
 
     def cli_run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "rlx_conformance", *args], env=env, cwd=root,
@@ -136,7 +137,7 @@ def record(cid: str, outcome: str = "pass", **kw) -> res.CaseResult:
 
 
 def report(path: Path, shard: str | None, *recs: res.CaseResult) -> Path:
-    res.write_results(path / "results.json", {"shard": shard} if shard else {}, list(recs))
+    res.write_results(path / "results.json", {"shard": shard} if shard else {}, list(recs), classify(list(recs)))
     return path
 
 

@@ -8,8 +8,8 @@ import statistics
 
 import numpy as np
 import pytest
-from rlx_conformance.backends import get_backend
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.generate import matrix
 from rlx_conformance.judge.bounds import nn as bounds

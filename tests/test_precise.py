@@ -13,7 +13,7 @@ from rlx_conformance.core import data
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate import matrix
-from rlx_conformance.judge import accuracy, precise
+from rlx_conformance.judge import accuracy, precise, rounding
 from rlx_conformance.ops import all_ops
 
 BF16 = ml_dtypes.bfloat16
@@ -119,12 +119,12 @@ def test_round_dd_single_rounding():
     """hi + lo rounded once, including where plain conversions round twice."""
     hi = np.array([1 + 2.0**-11, 1 + 2.0**-8, 1 + 2.0**-24, 2.0**-25, 3.0e38 * 2, -(2.0**-150)])
     lo = np.array([2.0**-60, 2.0**-70, 2.0**-80, 2.0**-100, 0.0, -(2.0**-200)])
-    assert precise.round_dd(hi, lo, "float16")[0] == np.float16(1 + 2.0**-10)
-    assert float(precise.round_dd(hi, lo, "bfloat16")[1]) == 1 + 2.0**-7
-    assert precise.round_dd(hi, lo, "float32")[2] == np.float32(1 + 2.0**-23)
-    assert precise.round_dd(hi, lo, "float16")[3].view(np.uint16) == 1  # above half of 2^-24
-    assert np.isinf(precise.round_dd(hi, lo, "float32")[4])
-    assert precise.round_dd(hi, lo, "float32")[5] == np.float32(-(2.0**-149))  # just past the midpoint
+    assert rounding.round_dd(hi, lo, "float16")[0] == np.float16(1 + 2.0**-10)
+    assert float(rounding.round_dd(hi, lo, "bfloat16")[1]) == 1 + 2.0**-7
+    assert rounding.round_dd(hi, lo, "float32")[2] == np.float32(1 + 2.0**-23)
+    assert rounding.round_dd(hi, lo, "float16")[3].view(np.uint16) == 1  # above half of 2^-24
+    assert np.isinf(rounding.round_dd(hi, lo, "float32")[4])
+    assert rounding.round_dd(hi, lo, "float32")[5] == np.float32(-(2.0**-149))  # just past the midpoint
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
@@ -176,6 +176,39 @@ def test_budget_validation(monkeypatch):
         accuracy.budget_for.cache_clear()
 
 
+def test_low_precision_rule_validation(monkeypatch):
+    real = data.load
+    table = {"budget": [{"op": "exp", "ulp": 2, "reason": "libm"},
+                        {"op": "fma", "dtype": ["float16", "bfloat16"], "ulp": 1, "reason": "double rounding"}]}
+
+    def fake(name):
+        return table if name == "accuracy.toml" else real(name)
+
+    def clear():
+        for f in (accuracy._entries, accuracy.low_precision, accuracy.budget_for):
+            f.cache_clear()
+
+    monkeypatch.setattr(data, "load", fake)
+    clear()
+    try:
+        with pytest.raises(RlxError, match=r"\[low_precision\]: needs dtypes, max_ulp and reason"):
+            accuracy.budget_for("exp", "float16")
+        table["low_precision"] = {"dtypes": ["float16", "bfloat16"], "max_ulp": 1, "reason": "via float32"}
+        clear()
+        b = accuracy.budget_for("exp", "float16")  # the float32 entry, capped at 1 ULP
+        assert (b.ulp, b.reason) == (1.0, "via float32") and b.source.startswith("accuracy.toml[low_precision]")
+        assert accuracy.budget_for("fma", "bfloat16").ulp == 1.0  # an entry naming the dtype wins
+        with pytest.raises(RlxError, match="no budget for fma on float32"):
+            accuracy.budget_for("fma", "float32")
+        table["budget"][0]["dtype"] = ["float32", "int8"]
+        clear()
+        with pytest.raises(RlxError, match="dtype must be a float dtype"):
+            accuracy.budget_for("exp", "float32")
+    finally:
+        monkeypatch.undo()
+        clear()
+
+
 def test_measure_ftz_only_when_declared():
     want = np.float32([1e-40, 1.0])
     got = np.float32([0.0, 1.0])
@@ -204,9 +237,8 @@ def test_wrong_reference_is_a_reference_bug(monkeypatch):
     """A deliberately wrong reference kernel (exp off by 3 ulp in float32, like a float32 libm):
     the case errors as a reference bug, and the oracle sides with the (right) target."""
     from rlx_conformance.backends import get_backend
-
     from rlx_conformance.run import execute
-    from rlx_conformance.run.runner import apply_divergence
+    from rlx_conformance.run.outcomes import apply_divergence
 
     cpu = get_backend("cpu")
     entry = cpu.kernels["sqrt"]
@@ -218,13 +250,13 @@ def test_wrong_reference_is_a_reference_bug(monkeypatch):
 
     monkeypatch.setattr(entry, "fn", bad_sqrt)
     execute.REF_CACHE._d.clear()
-    accuracy.ORACLE_CACHE._d.clear()
+    accuracy.PRECISE_CACHE._d.clear()
     try:
         case = _case("sqrt")
         r = execute.run_case(case)
     finally:
         execute.REF_CACHE._d.clear()
-        accuracy.ORACLE_CACHE._d.clear()
+        accuracy.PRECISE_CACHE._d.clear()
     assert r.outcome == "error"
     assert r.message.startswith("reference bug:"), r.message
     assert "supports the target" in r.message

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge import precise
+from rlx_conformance.judge import precise, rounding
 from rlx_conformance.judge import precise_fast as pf
 from rlx_conformance.ops import get_op
 from rlx_conformance.run import exhaustive as ex
@@ -61,8 +61,8 @@ def _near_boundary(op: str, attrs: dict, dtype: str, rel: float = 2.0 ** -20, ca
     with np.errstate(all="ignore"):
         mid = lo / 2 + hi / 2
         half = (hi - lo) / 2 + np.abs(mid) * rel
-        a = precise.round_dd(mid - half, np.zeros_like(mid), out)
-        b = precise.round_dd(mid + half, np.zeros_like(mid), out)
+        a = rounding.round_dd(mid - half, np.zeros_like(mid), out)
+        b = rounding.round_dd(mid + half, np.zeros_like(mid), out)
     uint = dt.finfo(out).uint
     near = xs.view(np.uint16)[a.view(uint) != b.view(uint)]
     return near[np.linspace(0, near.size - 1, min(cap, near.size)).astype(int)] if near.size else near
@@ -161,7 +161,9 @@ def test_flushed_subnormals_turn_the_fast_path_off(monkeypatch):
 
 
 def test_cache_key_covers_the_fast_path():
-    """The exhaustive mode's oracle cache is keyed by the source of both modules."""
+    """The exhaustive mode's oracle cache is keyed by the source of the precise oracle, its fast
+    path and the rounding both use."""
     src = Path(precise.__file__)
-    want = hashlib.sha256(src.read_bytes() + src.with_name("precise_fast.py").read_bytes()).hexdigest()[:16]
+    want = hashlib.sha256(src.read_bytes() + src.with_name("precise_fast.py").read_bytes()
+                          + src.with_name("rounding.py").read_bytes()).hexdigest()[:16]
     assert precise.version() == want

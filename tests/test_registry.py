@@ -9,9 +9,9 @@ import re
 
 import numpy as np
 import pytest
-from rlx_conformance.backends.cpu import CpuBackend
 
 from rlx_conformance import backends
+from rlx_conformance.backends.cpu import CpuBackend
 from rlx_conformance.core.errors import (
     KernelContractError,
     RegistrationError,

@@ -15,6 +15,7 @@ from rlx_conformance.core.results import (
     write_results,
 )
 from rlx_conformance.generate import matrix
+from rlx_conformance.judge.stability import classify
 
 T = matrix.Target("mlx", "cpu", "eager")
 CASE = matrix.Case("reduce_sum", "float32", ((3, 5),), "matrix", (("axes", (1,)), ("keep_dim", False)),
@@ -52,7 +53,7 @@ def test_to_json_finite_and_metadata():
 def test_write_results_document(tmp_path):
     rs = [result("pass"), result("fail", max_ulp=math.inf), result("crash", message="SIGSEGV")]
     path = tmp_path / "sub" / "results.json"
-    write_results(path, {"argv": ["x"]}, rs)
+    write_results(path, {"argv": ["x"]}, rs, classify(rs))
     doc = strict_loads(path.read_text())
     assert set(doc) == {"schema", "run", "summary", "stability", "cases"}
     assert doc["schema"] == results.SCHEMA and doc["run"] == {"argv": ["x"]}
@@ -74,10 +75,10 @@ def test_load_results_checks_schema(tmp_path):
 
 def test_write_results_refuses_nan_in_metadata_and_keeps_old(tmp_path):
     path = tmp_path / "results.json"
-    write_results(path, {}, [result()])
+    write_results(path, {}, [result()], classify([result()]))
     before = path.read_text()
     with pytest.raises(ValueError):
-        write_results(path, {"x": math.nan}, [result()])
+        write_results(path, {"x": math.nan}, [result()], classify([result()]))
     assert path.read_text() == before
     assert os.listdir(tmp_path) == ["results.json"]
 
@@ -160,7 +161,7 @@ def test_write_results_atomic_when_serialisation_fails(old_file, monkeypatch):
 
     monkeypatch.setattr(results.json, "dumps", broken_dumps)
     with pytest.raises(RuntimeError):
-        write_results(old_file, {}, [result()])
+        write_results(old_file, {}, [result()], classify([result()]))
     monkeypatch.undo()
     _assert_intact(old_file)
 

@@ -14,8 +14,9 @@ import pytest
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate import matrix
-from rlx_conformance.judge.tolerances import Divergence
-from rlx_conformance.run import runner
+from rlx_conformance.judge import divergences as kd
+from rlx_conformance.judge.divergences import Divergence
+from rlx_conformance.run import outcomes, runner
 
 TIMEOUT = 3.0
 TARGET = matrix.Target("mlx", "cpu", "eager")
@@ -137,14 +138,14 @@ def test_tasks_of_different_ops_are_dealt_in_turn():
 def test_apply_divergence(monkeypatch, outcome, expected):
     """Failures in a divergence's scope become xfail; passes stay passes but carry the entry."""
     case = neg_cases()[0]
-    d = Divergence(index=7, op="neg", category="backend-bug", reason="test reason")
-    monkeypatch.setattr(runner, "known_divergence", lambda c, *_: d if c is case else None)
-    r = runner.apply_divergence(case, CaseResult.for_case(case, outcome, message="m"))
+    d = Divergence(key="entry-7", op=("neg",), category="backend-bug", reason="test reason")
+    monkeypatch.setattr(outcomes, "known_divergence", lambda c, *_: d if c is case else None)
+    r = outcomes.apply_divergence(case, CaseResult.for_case(case, outcome, message="m"))
     assert r.outcome == expected
     if expected == "skip":
         assert r.divergence is None
     else:
-        assert r.divergence["entry"] == 7
+        assert r.divergence["entry"] == "entry-7"
     if expected == "xfail":
         assert "test reason" in r.message
 
@@ -152,54 +153,48 @@ def test_apply_divergence(monkeypatch, outcome, expected):
 def test_finalize_strict_divergences(monkeypatch):
     """An entry with at least one failure keeps its passes; an entry with none turns them into
     xpass (strict); an entry that matched nothing is a warning."""
-    from rlx_conformance.judge import tolerances
-
     cases = neg_cases()[:4]
-    live = Divergence(index=1, op="neg", category="precision", reason="live")
-    stale = Divergence(index=2, op="neg", category="precision", reason="stale")
-    unused = Divergence(index=3, op="neg", dtype="int8", category="precision", reason="unused")
-    monkeypatch.setattr(tolerances, "divergences", lambda: (live, stale, unused))
+    live = Divergence(key="entry-1", op=("neg",), category="precision", reason="live")
+    stale = Divergence(key="entry-2", op=("neg",), category="precision", reason="stale")
+    unused = Divergence(key="entry-3", op=("neg",), dtype=("int8",), category="precision", reason="unused")
+    monkeypatch.setattr(kd, "divergences", lambda: (live, stale, unused))
     scope = {cases[0].id: live, cases[1].id: live, cases[2].id: stale, cases[3].id: stale}
-    monkeypatch.setattr(runner, "known_divergence", lambda c, *_: scope.get(c.id))
-    monkeypatch.setattr(tolerances, "known_divergence", lambda c, *_: scope.get(c.id))
-    outcomes = ["fail", "pass", "pass", "pass"]
-    results = [runner.apply_divergence(c, CaseResult.for_case(c, o, message="m"))
-               for c, o in zip(cases, outcomes)]
-    warnings = runner.finalize(results)
+    monkeypatch.setattr(outcomes, "known_divergence", lambda c, *_: scope.get(c.id))
+    monkeypatch.setattr(kd, "known_divergence", lambda c, *_: scope.get(c.id))
+    seen = ["fail", "pass", "pass", "pass"]
+    results = [outcomes.apply_divergence(c, CaseResult.for_case(c, o, message="m"))
+               for c, o in zip(cases, seen)]
+    warnings = outcomes.finalize(results)
     assert [r.outcome for r in results] == ["xfail", "pass", "xpass", "xpass"]
     assert "no longer reproduces" in results[2].message
-    assert warnings == ["known divergence #3 (neg) matched no case"]
+    assert warnings == ["known divergence entry-3 (neg) matched no case"]
 
 
 def test_partly_run_entry_is_not_stale(monkeypatch):
     """A run that holds only some of an entry's cases (an --op or --dtypes subset) cannot say the
     divergence is gone: the passes stay passes."""
-    from rlx_conformance.judge import tolerances
-
     cases = neg_cases()[:3]
-    entry = Divergence(index=1, op="neg", category="precision", reason="scoped to three cases")
-    monkeypatch.setattr(tolerances, "divergences", lambda: (entry,))
+    entry = Divergence(key="entry-1", op=("neg",), category="precision", reason="scoped to three cases")
+    monkeypatch.setattr(kd, "divergences", lambda: (entry,))
     scope = {c.id: entry for c in cases}
-    monkeypatch.setattr(runner, "known_divergence", lambda c, *_: scope.get(c.id))
-    monkeypatch.setattr(tolerances, "known_divergence", lambda c, *_: scope.get(c.id))
-    partial = [runner.apply_divergence(c, CaseResult.for_case(c, "pass", message="")) for c in cases[:2]]
-    runner.finalize(partial)
+    monkeypatch.setattr(outcomes, "known_divergence", lambda c, *_: scope.get(c.id))
+    monkeypatch.setattr(kd, "known_divergence", lambda c, *_: scope.get(c.id))
+    partial = [outcomes.apply_divergence(c, CaseResult.for_case(c, "pass", message="")) for c in cases[:2]]
+    outcomes.finalize(partial)
     assert [r.outcome for r in partial] == ["pass", "pass"]
-    whole = [runner.apply_divergence(c, CaseResult.for_case(c, "pass", message="")) for c in cases]
-    runner.finalize(whole)
+    whole = [outcomes.apply_divergence(c, CaseResult.for_case(c, "pass", message="")) for c in cases]
+    outcomes.finalize(whole)
     assert [r.outcome for r in whole] == ["xpass"] * 3
 
 
 def test_nonstrict_divergence_never_goes_xpass(monkeypatch):
     """A nondeterministic divergence (strict = false) whose cases all passed this time stays quiet."""
-    from rlx_conformance.judge import tolerances
-
     case = neg_cases()[0]
-    flaky = Divergence(index=1, op="neg", category="backend-bug", reason="hangs sometimes", strict=False)
-    monkeypatch.setattr(tolerances, "divergences", lambda: (flaky,))
-    monkeypatch.setattr(runner, "known_divergence", lambda c, *_: flaky)
-    results = [runner.apply_divergence(case, CaseResult.for_case(case, "pass", message=""))]
-    assert runner.finalize(results) == [] and results[0].outcome == "pass"
+    flaky = Divergence(key="entry-1", op=("neg",), category="backend-bug", reason="hangs sometimes", strict=False)
+    monkeypatch.setattr(kd, "divergences", lambda: (flaky,))
+    monkeypatch.setattr(outcomes, "known_divergence", lambda c, *_: flaky)
+    results = [outcomes.apply_divergence(case, CaseResult.for_case(case, "pass", message=""))]
+    assert outcomes.finalize(results) == [] and results[0].outcome == "pass"
 
 
 @pytest.mark.parametrize("isolate", [False, True])
@@ -208,10 +203,13 @@ def test_isolated_divergence_cannot_poison_later_cases(monkeypatch, isolate):
     so the damage it leaves behind (heap corruption in MLX) crashes no later, unrelated case.
     Without isolation the same run blames an innocent case: the control half of the test."""
     cases = neg_cases()
-    entry = Divergence(index=1, op="neg", category="backend-bug", reason="poisons", strict=False,
+    entry = Divergence(key="entry-1", op=("neg",), category="backend-bug", reason="poisons", strict=False,
                        isolate=isolate)
-    monkeypatch.setattr(runner, "known_divergence",
-                        lambda c, *_: entry if c.size() == kt.POISON_SIZE else None)
+    def scope(c, *_):
+        return entry if c.size() == kt.POISON_SIZE else None
+
+    monkeypatch.setattr(runner, "known_divergence", scope)  # Runner._isolated's lookup
+    monkeypatch.setattr(outcomes, "known_divergence", scope)
     r = runner.Runner(workers=1, timeout=TIMEOUT, task_size=len(cases),
                       init="kernels_for_tests:install_poisoning_neg")
     results = list(r.run(cases))
@@ -226,20 +224,18 @@ def test_isolated_divergence_cannot_poison_later_cases(monkeypatch, isolate):
 def test_precision_entry_cannot_excuse_a_crash(monkeypatch):
     """A precision entry explains wrong values: a crash in its scope looks further (a backend-bug
     entry) or stays a crash — never an xfail that blames rounding for a dead process."""
-    from rlx_conformance.judge import tolerances
-
     case = neg_cases()[0]
-    prec = Divergence(index=1, op="neg", category="precision", reason="a few ulp")
-    bug = Divergence(index=2, op="neg", category="backend-bug", reason="dies on this input")
-    monkeypatch.setattr(runner, "known_divergence", tolerances.known_divergence)
-    monkeypatch.setattr(tolerances, "divergences", lambda: (prec,))
-    crash = runner.apply_divergence(case, CaseResult.for_case(case, "crash", message="SIGSEGV"))
+    prec = Divergence(key="entry-1", op=("neg",), category="precision", reason="a few ulp")
+    bug = Divergence(key="entry-2", op=("neg",), category="backend-bug", reason="dies on this input")
+    monkeypatch.setattr(outcomes, "known_divergence", kd.known_divergence)
+    monkeypatch.setattr(kd, "divergences", lambda: (prec,))
+    crash = outcomes.apply_divergence(case, CaseResult.for_case(case, "crash", message="SIGSEGV"))
     assert crash.outcome == "crash" and crash.divergence is None
-    fail = runner.apply_divergence(case, CaseResult.for_case(case, "fail", message="3 ulp"))
-    assert fail.outcome == "xfail" and fail.divergence["entry"] == 1
-    monkeypatch.setattr(tolerances, "divergences", lambda: (prec, bug))
-    crash = runner.apply_divergence(case, CaseResult.for_case(case, "crash", message="SIGSEGV"))
-    assert crash.outcome == "xfail" and crash.divergence["entry"] == 2
+    fail = outcomes.apply_divergence(case, CaseResult.for_case(case, "fail", message="3 ulp"))
+    assert fail.outcome == "xfail" and fail.divergence["entry"] == "entry-1"
+    monkeypatch.setattr(kd, "divergences", lambda: (prec, bug))
+    crash = outcomes.apply_divergence(case, CaseResult.for_case(case, "crash", message="SIGSEGV"))
+    assert crash.outcome == "xfail" and crash.divergence["entry"] == "entry-2"
 
 
 def test_undeclared_dtype_that_runs_fails_unless_the_input_is_empty():

@@ -1,5 +1,5 @@
 """The CPU reference kernels of the shape and data movement family against independent oracles:
-plain Python loops over element indices that follow the definitions in OPS.md / ONNX, written
+plain Python loops over element indices that follow the definitions in docs/ops.md / ONNX, written
 without the numpy routines the kernels use."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 import pytest
-from rlx_conformance.backends import get_backend
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.ops import get_op
 

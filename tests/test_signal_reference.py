@@ -10,10 +10,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import scipy.fft
-from rlx_conformance.backends import get_backend
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.judge.bounds import stats as _stats
-from rlx_conformance.ops.signal import fft_bound, quotient_ties, xent_bound
+from rlx_conformance.judge.bounds.signal import fft_bound, quotient_ties, xent_bound
 
 CPU = get_backend("cpu")
 RNG = np.random.default_rng(11)

@@ -7,6 +7,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+
 from rlx_conformance.backends import get_backend
 
 CPU = get_backend("cpu")

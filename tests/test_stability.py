@@ -207,9 +207,11 @@ def test_repeat_run(tmp_path):
     # the stability command reads it back, and --update writes a file enforce can load
     f = tmp_path / "bit_stable.toml"
     assert cli.main(["stability", str(out / "results.json"), "--update", "--file", str(f)]) == 0
-    groups = tomllib.loads(f.read_text())["group"]
-    assert groups == [{"op": "exp", "backend": "mlx", "device": "cpu", "host": stability.host(),
-                       "modes": ["eager", "lazy"], "dtypes": ["float32"]}]
+    tables = tomllib.loads(f.read_text())["stable"]
+    assert [{k: v for k, v in t.items() if k != "recorded"} for t in tables] == [
+        {"backend": "mlx", "device": "cpu", "host": stability.host(), "modes": ["eager", "lazy"],
+         "ops": [{"dtypes": ["float32"], "ops": ["exp"]}]}]
+    assert len(tables[0]["recorded"]) == 1 and "1 run(s), the first with repeat 2" in tables[0]["recorded"][0]
 
 
 def test_bad_repeat_is_a_usage_error(capsys):
@@ -263,12 +265,13 @@ def test_committed_file_loads():
     path = data.data_path(stability.RECORDED_FILE)
     text = path.read_text()
     assert text.startswith("# ") and "rlx-conformance stability --update" in text
-    groups = tomllib.loads(text)["group"]
-    assert groups and all(set(g) == {"op", "backend", "device", "host", "modes", "dtypes"} for g in groups)
-    assert all(g["modes"] and set(g["modes"]) <= {"eager", "lazy", "compiled"} for g in groups)
+    tables = tomllib.loads(text)["stable"]
+    assert tables and all(set(t) <= {"backend", "device", "host", "modes", "recorded", "note", "ops"} for t in tables)
+    assert all(t["modes"] and set(t["modes"]) <= {"eager", "lazy", "compiled"} for t in tables)
     rec_ = stability.load_recorded()  # this host's groups only
-    assert len(rec_) == sum(len(g["dtypes"]) for g in groups if g["host"] == stability.host())
-    if any(g["host"] == stability.host() for g in groups):
+    assert len(rec_) == sum(len(o["ops"]) * len(o["dtypes"]) for t in tables if t["host"] == stability.host()
+                            for o in t["ops"])
+    if any(t["host"] == stability.host() for t in tables):
         assert ("exp", "float32", "mlx", "cpu") in rec_
 
 
@@ -276,26 +279,32 @@ def test_update_keeps_uncovered_groups(tmp_path):
     here = stability.host()
     f = tmp_path / "b.toml"
 
-    def group(op, dtypes, host=here):
-        return {"op": op, "backend": "mlx", "device": "cpu", "host": host, "modes": ["eager", "lazy"],
-                "dtypes": dtypes}
+    def table(host, ops, recorded=("then",), note=None):
+        t = {"backend": "mlx", "device": "cpu", "host": host, "modes": ["eager", "lazy"], "recorded": list(recorded)}
+        return {**t, **({"note": note} if note else {}),
+                "ops": [{"dtypes": d, "ops": o} for d, o in ops]}
 
-    f.write_text("".join(f'[[group]]\nop = "{g["op"]}"\nbackend = "mlx"\ndevice = "cpu"\nhost = "{g["host"]}"\n'
-                         f'modes = ["eager", "lazy"]\ndtypes = {json.dumps(g["dtypes"])}\n\n'
-                         for g in (group("log", ["float16", "float32"]), group("exp", ["float32"]),
-                                   group("exp", ["float32"], host="Plan9-mips"))))
+    f.write_text(f'[[stable]]\nbackend = "mlx"\ndevice = "cpu"\nhost = "{here}"\nmodes = ["eager", "lazy"]\n'
+                 'recorded = ["then"]\nnote = "by hand"\n'
+                 '[[stable.ops]]\ndtypes = ["float16", "float32"]\nops = ["log"]\n'
+                 '[[stable.ops]]\ndtypes = ["float32"]\nops = ["exp"]\n\n'
+                 '[[stable]]\nbackend = "mlx"\ndevice = "cpu"\nhost = "Plan9-mips"\nmodes = ["eager", "lazy"]\n'
+                 'recorded = ["then"]\n[[stable.ops]]\ndtypes = ["float32"]\nops = ["exp"]\n')
     s = stability.classify([rec("a", mode="eager"), rec("b", mode="lazy"),  # exp no longer stable here
                             rec("c", op="log", mode="eager"), rec("c", op="log", mode="lazy")])
     assert stability_cmd.update_file(f, s, {"repeat": 1}) == 3
-    assert tomllib.loads(f.read_text())["group"] == [
-        group("exp", ["float32"], host="Plan9-mips"),  # another host's observation is kept
-        group("log", ["float16", "float32"])]
+    now = stability_cmd.provenance_line({"repeat": 1}, 1, ["exp", "log"], ["exp"])
+    assert "not bit-stable in any mode: exp" in now
+    assert tomllib.loads(f.read_text())["stable"] == [
+        table(here, [(["float16", "float32"], ["log"])], ("then", now), "by hand"),  # + this update's line
+        table("Plan9-mips", [(["float32"], ["exp"])])]  # another host's observation is kept
     assert stability.host("macOS-14.4-arm64-arm-64bit", "arm64") == "macOS-arm64"
 
 
 def test_results_json_carries_the_section(tmp_path):
     p = tmp_path / "results.json"
-    write_results(p, {}, [rec("a", mode="eager"), rec("a", mode="lazy")])
+    rs = [rec("a", mode="eager"), rec("a", mode="lazy")]
+    write_results(p, {}, rs, stability.classify(rs))
     doc = json.loads(p.read_text())
     assert doc["stability"]["counts"]["bit-stable"] == 2
     assert doc["cases"][0]["output_digest"] == "a"

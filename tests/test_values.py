@@ -11,7 +11,6 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +22,6 @@ from rlx_conformance.core import dtypes as dt
 from rlx_conformance.generate import matrix
 from rlx_conformance.spec import values
 
-ROOT = Path(__file__).resolve().parent.parent
 T = matrix.Target("mlx", "cpu", "eager")
 
 NEG_SPECIAL = matrix.Case("neg", "float32", ((1031,),), "prime", (), "special", T)
@@ -77,7 +75,7 @@ def test_same_id_same_inputs_twice(case):
         assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
 
 
-def test_same_id_same_inputs_in_fresh_process():
+def test_same_id_same_inputs_in_fresh_process(tmp_path):
     """A fresh interpreter with a different hash seed makes the same bytes."""
     code = (
         "import hashlib; from rlx_conformance.generate import matrix\n"
@@ -90,8 +88,8 @@ def test_same_id_same_inputs_in_fresh_process():
         "        h.update(f'{x.dtype.name}:{x.shape}:'.encode()); h.update(x.tobytes())\n"
         "    print(h.hexdigest())\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED="12345")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout.split()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from rlx_conformance.backends._loader import load_kernel_modules
 from rlx_conformance.backends.base import (
     Backend,
     KernelEntry,
@@ -14,7 +16,6 @@ from rlx_conformance.backends.base import (
     check_outputs,
     compute_dtypes,
 )
-
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.spec.registry import OpSpec, OutSpec
 
@@ -43,7 +44,5 @@ class CpuBackend(Backend):
 
 
 BACKEND = CpuBackend()
-
-from rlx_conformance.backends._loader import load_kernel_modules  # noqa: E402
 
 load_kernel_modules(__name__, __path__)  # every kernel module in this package registers itself

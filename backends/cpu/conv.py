@@ -4,15 +4,42 @@ operands), rounded once."""
 from __future__ import annotations
 
 import numpy as np
-from rlx_conformance.backends.cpu import BACKEND
 
-from rlx_conformance.ops.conv import (
-    conv_reference,
+from rlx_conformance.backends.cpu import BACKEND
+from rlx_conformance.judge.bounds.conv import (
+    conv_as_matmul,
     conv_transpose_reference,
-    pool_reference,
+    im2col,
+    pool_params,
 )
 
 kernel = BACKEND.kernel
+
+# The attribute geometry (conv_params, pool_params), im2col and the conv_transpose scatter form
+# live in judge/bounds/conv.py, which evaluates the same windows for its error bounds.
+
+
+def conv_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, attrs) -> np.ndarray:
+    cols, wm, shape = conv_as_matmul(x, w, attrs)
+    y = np.matmul(cols, wm)  # [N, g, P, Cout/g]
+    y = y.transpose(0, 1, 3, 2).reshape(shape)
+    if bias.size:
+        y = y + bias.reshape((1, -1) + (1,) * (len(shape) - 2))
+    return y
+
+
+def pool_reference(x: np.ndarray, attrs) -> np.ndarray:
+    """Max: NaN-propagating max over the window (padding never wins); avg: sum over the window's
+    non-padding elements divided by their count (ONNX count_include_pad = 0)."""
+    nd, k, stride, pb, pe, out = pool_params("pool", x.shape, attrs)
+    axes = tuple(range(-nd, 0))
+    one = (1,) * nd
+    if attrs["kind"] == "max":
+        cols = im2col(x, k, stride, pb, pe, one, fill=-np.inf)
+        return np.max(cols, axis=axes)
+    cols = im2col(x, k, stride, pb, pe, one)
+    count = im2col(np.ones((1, 1) + x.shape[2:]), k, stride, pb, pe, one).sum(axis=axes)
+    return np.sum(cols, axis=axes) / count
 
 
 def _wide(x: np.ndarray) -> np.ndarray:

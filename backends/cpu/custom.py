@@ -4,14 +4,14 @@ deviations: no clamping, no zeroing of non-finite outputs), scipy.sparse for ``r
 Index values and CSR structure are validated before any kernel runs (OpSpec.check_values,
 called by Backend.run): out of range is an error, never clamped or wrapped. Scatter reductions apply every update, duplicates
 included, in the order of the updates, in the compute dtype (float16/bfloat16 arrive widened to
-float32); max/min propagate NaN (numpy maximum/minimum, OPS.md). Sparse kernels compute in
+float32); max/min propagate NaN (numpy maximum/minimum, docs/ops.md). Sparse kernels compute in
 float64 and round once.
 """
 from __future__ import annotations
 
 import numpy as np
-from rlx_conformance.backends.cpu import BACKEND
 
+from rlx_conformance.backends.cpu import BACKEND
 from rlx_conformance.spec import csr
 
 kernel = BACKEND.kernel

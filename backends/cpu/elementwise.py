@@ -13,8 +13,8 @@ from fractions import Fraction
 
 import numpy as np
 import scipy.special as sp
-from rlx_conformance.backends.cpu import BACKEND
 
+from rlx_conformance.backends.cpu import BACKEND
 from rlx_conformance.core import dtypes as dt
 
 kernel = BACKEND.kernel

@@ -9,9 +9,9 @@ import warnings
 
 import numpy as np
 import scipy.linalg
-from rlx_conformance.backends.cpu import BACKEND
 
-from rlx_conformance.ops.linalg import dot_general_canonical
+from rlx_conformance.backends.cpu import BACKEND
+from rlx_conformance.judge.bounds.linalg import dot_general_canonical
 
 kernel = BACKEND.kernel
 

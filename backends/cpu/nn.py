@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from rlx_conformance.backends.cpu import BACKEND
 
-from rlx_conformance.judge.bounds.nn import rope_pairs
-from rlx_conformance.ops.nn import allowed_keys, attention_dims
+from rlx_conformance.backends.cpu import BACKEND
+from rlx_conformance.judge.bounds.nn import allowed_keys, attention_dims, rope_pairs
 
 kernel = BACKEND.kernel
 

@@ -4,6 +4,7 @@ registry allows any accumulation order."""
 from __future__ import annotations
 
 import numpy as np
+
 from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel

@@ -4,8 +4,8 @@ spec requires of every backend. scatter_add accumulates floats in float64 and ro
 from __future__ import annotations
 
 import numpy as np
-from rlx_conformance.backends.cpu import BACKEND
 
+from rlx_conformance.backends.cpu import BACKEND
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.ops.shape import check_indices, slice_indices
 

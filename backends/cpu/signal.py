@@ -9,11 +9,11 @@ the exact result of that arithmetic.
 from __future__ import annotations
 
 import numpy as np
-from rlx_conformance.backends.cpu import BACKEND
 from scipy import special
 
+from rlx_conformance.backends.cpu import BACKEND
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.ops.signal import fake_quantize_scale, param_view
+from rlx_conformance.judge.bounds.signal import fake_quantize_scale, param_view
 
 kernel = BACKEND.kernel
 

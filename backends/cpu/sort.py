@@ -4,6 +4,7 @@ reversed array (ties then keep their input order, NaN comes first)."""
 from __future__ import annotations
 
 import numpy as np
+
 from rlx_conformance.backends.cpu import BACKEND
 
 kernel = BACKEND.kernel

@@ -15,6 +15,8 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+
+from rlx_conformance.backends._loader import load_kernel_modules
 from rlx_conformance.backends.base import (
     Backend,
     KernelEntry,
@@ -23,7 +25,6 @@ from rlx_conformance.backends.base import (
     check_outputs,
     compute_dtypes,
 )
-
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.spec.registry import OpSpec, OutSpec
@@ -166,7 +167,5 @@ class MlxBackend(Backend):
 
 
 BACKEND = MlxBackend()
-
-from rlx_conformance.backends._loader import load_kernel_modules  # noqa: E402
 
 load_kernel_modules(__name__, __path__)  # every kernel module in this package registers itself

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-from rlx_conformance.backends.mlx import BACKEND
 
-from rlx_conformance.ops.conv import conv_params, pool_params
+from rlx_conformance.backends.mlx import BACKEND
+from rlx_conformance.judge.bounds.conv import conv_params, pool_params
 
 kernel = BACKEND.kernel
 

@@ -39,11 +39,16 @@ source may not use), and every name carries :data:`VERSION`, bumped on any sourc
 
 Each op is split into ``plan_*`` (host side: params, grid, template, output shapes; pure Python,
 testable without a GPU — tests/test_cuda_kernels.py emulates the plans in numpy) and the launch.
+
+custom.py calls these; this module imports nothing of custom.py. Its kernels with the CUDA path
+forced, as a contributor would register them for ``validate``, are in cuda_validate.py.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -221,6 +226,7 @@ SIGNATURES = {
 
 _available: bool | None = None
 _kernels: dict[str, Any] = {}
+_forced = False  # set by forced(): the CUDA path whatever RLX_MLX_CUDA_KERNELS says
 
 
 def available() -> bool:
@@ -242,9 +248,21 @@ def enabled() -> bool:
 
 
 def active() -> bool:
-    """Use the CUDA kernels for the op being built: enabled (or forced by a ``*_kernel`` entry
-    point below), a CUDA GPU, and the default device (the stream Backend.run entered) is the GPU."""
+    """Use the CUDA kernels for the op being built: enabled (or :func:`forced`, by a ``*_kernel``
+    entry point of cuda_validate.py), a CUDA GPU, and the default device (the stream Backend.run
+    entered) is the GPU."""
     return (_forced or enabled()) and available() and mx.default_device().type == mx.gpu
+
+
+@contextlib.contextmanager
+def forced() -> Iterator[None]:
+    """Within the block, :func:`active` ignores RLX_MLX_CUDA_KERNELS (nests)."""
+    global _forced
+    prev, _forced = _forced, True
+    try:
+        yield
+    finally:
+        _forced = prev
 
 
 def _kernel(name: str):
@@ -430,76 +448,3 @@ def spmv(values, col, rp, x):
 
 def values_grad(col, rp, u, v):
     return launch(plan_values_grad(col, rp, u, v))
-
-
-# -- the CUDA kernels as a contributor would register them ---------------------------------------
-# ``rlx-conformance validate OP --kernel rlx_conformance.backends.mlx.cuda_kernels:NAME --device gpu --mode M``
-# validates them against the reference (with RLX_MLX_CUDA_KERNELS=0 in the environment the
-# built-in kernel it is timed against is the composed one). Each is custom.py's kernel with the
-# CUDA path forced: the same empty-input handling, and an error where there is no CUDA GPU.
-_forced = False
-
-
-def _force_cuda(op: str):
-    import functools
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def forced(*args, **attrs):
-            global _forced
-            if not (available() and mx.default_device().type == mx.gpu):
-                from rlx_conformance.core.errors import UnsupportedError
-
-                raise UnsupportedError(f"{op}: the CUDA kernel needs MLX's CUDA build and device gpu")
-            prev, _forced = _forced, True
-            try:
-                return fn(*args, **attrs)
-            finally:
-                _forced = prev
-        forced.__name__ = f"cuda_{fn.__name__}"
-        return forced
-    return wrap
-
-
-def _custom():
-    from rlx_conformance.backends.mlx import custom
-
-    return custom
-
-
-def scatter_elements_kernel(data, indices, updates, *, axis, reduction):
-    return _force_cuda("onnx.ScatterElements")(_custom().scatter_elements)(
-        data, indices, updates, axis=axis, reduction=reduction)
-
-
-def gather_elements_kernel(data, indices, *, axis):
-    return _force_cuda("onnx.GatherElements")(_custom().gather_elements)(data, indices, axis=axis)
-
-
-def gather_nd_kernel(data, indices, *, batch_dims):
-    return _force_cuda("onnx.GatherND")(_custom().gather_nd)(data, indices, batch_dims=batch_dims)
-
-
-def scatter_nd_kernel(data, indices, updates, *, reduction):
-    return _force_cuda("onnx.ScatterND")(_custom().scatter_nd)(data, indices, updates, reduction=reduction)
-
-
-def mat_vec_kernel(values, col_idx, row_ptr, x):
-    return _force_cuda("rlx_sparse.mat_vec")(_custom().mat_vec)(values, col_idx, row_ptr, x)
-
-
-def values_grad_kernel(col_idx, row_ptr, u, v):
-    return _force_cuda("rlx_sparse.values_grad")(_custom().values_grad)(col_idx, row_ptr, u, v)
-
-
-def cg_solve_kernel(values, col_idx, row_ptr, b, *, max_iter, tol):
-    return _force_cuda("rlx_sparse.cg_solve")(_custom().cg_solve)(
-        values, col_idx, row_ptr, b, max_iter=max_iter, tol=tol)
-
-
-VALIDATE = {  # op -> the entry point above, for `validate`
-    "onnx.ScatterElements": "scatter_elements_kernel", "onnx.GatherElements": "gather_elements_kernel",
-    "onnx.GatherND": "gather_nd_kernel", "onnx.ScatterND": "scatter_nd_kernel",
-    "rlx_sparse.mat_vec": "mat_vec_kernel", "rlx_sparse.values_grad": "values_grad_kernel",
-    "rlx_sparse.cg_solve": "cg_solve_kernel",
-}

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import numpy as np
+
 from rlx_conformance.backends.mlx import BACKEND
 from rlx_conformance.backends.mlx import cuda_kernels as _cuda
-
 from rlx_conformance.core.errors import SpecError
 
 kernel = BACKEND.kernel

@@ -30,10 +30,11 @@ import pkgutil
 from collections.abc import Sequence
 
 import numpy as np
+
+from rlx_conformance.backends import get_backend
 from rlx_conformance.backends.base import KernelEntry, _as_list
 from rlx_conformance.backends.mlx import BACKEND, dtype_name, to_mlx, to_numpy
 from rlx_conformance.backends.mlx import __path__ as _PKG_PATH
-
 from rlx_conformance.core.errors import UnsupportedError
 from rlx_conformance.ops import all_ops, get_op
 
@@ -43,8 +44,6 @@ _TRACING = "function transformations"
 
 
 def _cpu():
-    from rlx_conformance.backends import get_backend
-
     return get_backend("cpu")
 
 

@@ -1,5 +1,5 @@
 """MLX kernels for the elementwise family: MLX primitives (and mlx.nn activations) where MLX has
-the op, otherwise the OPS.md formula composed from MLX primitives (as a lowering to MLX would)."""
+the op, otherwise the op's formula (docs/ops.md) composed from MLX primitives (as a lowering to MLX would)."""
 from __future__ import annotations
 
 import builtins
@@ -7,7 +7,8 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
-from rlx_conformance.backends.mlx import BACKEND
+
+from rlx_conformance.backends.mlx import BACKEND, MX_DTYPES
 
 kernel = BACKEND.kernel
 
@@ -139,6 +140,4 @@ def clamp(x, *, min, max):
 
 @kernel("cast")
 def cast(x, *, to):
-    from rlx_conformance.backends.mlx import MX_DTYPES
-
     return x.astype(MX_DTYPES[to])

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-from rlx_conformance.backends.mlx import BACKEND
 
-from rlx_conformance.ops.linalg import dot_general_dims
+from rlx_conformance.backends.mlx import BACKEND
+from rlx_conformance.judge.bounds.linalg import dot_general_dims
 
 kernel = BACKEND.kernel
 LINALG = dict(cpu_stream=True, note="mx.linalg has no GPU implementation: runs on the CPU stream")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-from rlx_conformance.backends.mlx import BACKEND
 
-from rlx_conformance.ops.nn import attention_dims
+from rlx_conformance.backends.mlx import BACKEND
+from rlx_conformance.judge.bounds.nn import attention_dims
 
 kernel = BACKEND.kernel
 

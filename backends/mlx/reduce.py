@@ -3,6 +3,7 @@ returns uint32 indices; results are cast back to the dtypes the registry declare
 from __future__ import annotations
 
 import mlx.core as mx
+
 from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel

@@ -11,8 +11,8 @@ the call (see the registration notes).
 from __future__ import annotations
 
 import mlx.core as mx
-from rlx_conformance.backends.mlx import BACKEND
 
+from rlx_conformance.backends.mlx import BACKEND
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError, UnsupportedError
 

@@ -9,9 +9,9 @@ ops and reductions (MLX's own mx.quantize is a group-wise affine format, not ONN
 from __future__ import annotations
 
 import mlx.core as mx
-from rlx_conformance.backends.mlx import BACKEND, MX_DTYPES
 
-from rlx_conformance.ops.signal import param_view
+from rlx_conformance.backends.mlx import BACKEND, MX_DTYPES
+from rlx_conformance.judge.bounds.signal import param_view
 
 kernel = BACKEND.kernel
 

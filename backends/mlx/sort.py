@@ -6,6 +6,7 @@ descending order."""
 from __future__ import annotations
 
 import mlx.core as mx
+
 from rlx_conformance.backends.mlx import BACKEND
 
 kernel = BACKEND.kernel

@@ -8,10 +8,14 @@ import json
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import atomic_write_text
 from rlx_conformance.report import lockfile, records
 from rlx_conformance.report.diff import Diff, Thresholds, compare
+from rlx_conformance.report.html import fmt
 
 SHOW = 20  # rows per list in the terminal; the JSON has them all
 
@@ -73,16 +77,11 @@ def check_lock(args, new: records.Report) -> lockfile.LockCheck | None:
 
 
 def _num(v) -> str:
-    from rlx_conformance.report.html import fmt
-
     return fmt(v)
 
 
 def print_diff(d: Diff, show: int = SHOW) -> None:
     """The diff for a terminal: counts, then the lists that matter most, each capped."""
-    from rich.console import Console
-    from rich.table import Table
-
     con = Console(highlight=False)
     c = d.counts()
     con.print(f"[bold]diff[/bold] {d.base or '(no baseline)'} → {d.new}")

@@ -2,10 +2,16 @@
 (optionally a float32 sample) against the precise oracle (rlx_conformance/run/exhaustive.py)."""
 from __future__ import annotations
 
+import fnmatch
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from rlx_conformance.cli.options import add_matrix_options, split, targets
+from rlx_conformance.run.exhaustive import DTYPES, SWEEP_FAILING, run_exhaustive
+from rlx_conformance.run.session import default_report_dir
 
 
 def register(sub) -> None:
@@ -27,17 +33,11 @@ def register(sub) -> None:
 
 
 def cmd_exhaustive(args) -> int:
-    import datetime as _dt
-    import fnmatch
-
-    from rlx_conformance.run.exhaustive import DTYPES, run_exhaustive
-
     dtypes = ["float16", "bfloat16"] + (["float32"] if args.float32_sample else [])
     if args.dtypes:
         globs = split(args.dtypes)
         dtypes = [d for d in DTYPES if any(fnmatch.fnmatchcase(d, g) for g in globs)]
-    report = Path(args.report) if args.report else \
-        Path("reports") / f"exhaustive-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    report = Path(args.report) if args.report else default_report_dir("exhaustive")
     cache = None if args.no_cache else (Path(args.cache) if args.cache else True)
     done = []
 
@@ -57,13 +57,9 @@ def cmd_exhaustive(args) -> int:
 
 
 def print_table(doc, show: int = 40) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from rlx_conformance.run.exhaustive import BAD
-
+    """The sweep's rows in a table, failing ones first, then the known (xfail) ones."""
     rows = doc["rows"]
-    order = sorted(rows, key=lambda r: (r["outcome"] not in BAD, r["outcome"] != "xfail"))
+    order = sorted(rows, key=lambda r: (r["outcome"] not in SWEEP_FAILING, r["outcome"] != "xfail"))
     t = Table(title=f"exhaustive: {len(rows)} rows (op x dtype x target), first {min(show, len(rows))}")
     for col in ("op", "dtype", "target", "outcome", "max ulp", "over budget", "NaN/inf/±0", "worst inputs"):
         t.add_column(col, overflow="fold")

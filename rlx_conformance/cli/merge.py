@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 
+from rlx_conformance.core import results as res
+from rlx_conformance.run.merge import merge
+
 
 def register(sub) -> None:
     p = sub.add_parser("merge", help="merge shard reports (run --shard I/N) into one report",
@@ -22,9 +25,6 @@ def register(sub) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from rlx_conformance.core import results as res
-    from rlx_conformance.run.merge import merge
-
     m = merge(args.out_dir, args.reports, partial=args.partial, rejudge=args.rejudge)
     summary = res.summarize(m.results)
     parts = [f"{summary[o]} {o}" for o in res.OUTCOMES if summary.get(o)]

@@ -6,13 +6,13 @@ a regression (diff.py says what counts), not on known or baseline failures: the 
 what got worse."""
 from __future__ import annotations
 
-import datetime as _dt
 import fnmatch
 import json
 import sys
 from collections import Counter
 from pathlib import Path
 
+from rlx_conformance.backends import BACKENDS, get_backend
 from rlx_conformance.cli.diff import (
     add_diff_options,
     check_lock,
@@ -20,24 +20,26 @@ from rlx_conformance.cli.diff import (
     thresholds,
     write_json,
 )
+from rlx_conformance.cli.exhaustive import print_table
 from rlx_conformance.cli.options import print_summary, progress, split, tf32_run
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.report import html as report_html
 from rlx_conformance.report import junit, records, stats
 from rlx_conformance.report.diff import compare
+from rlx_conformance.run.exhaustive import run_exhaustive, unary_ops
+from rlx_conformance.run.session import (
+    backend_targets,
+    build_cases,
+    default_report_dir,
+    execute,
+)
 
 DEFAULT_BASELINE = Path("reports") / "baseline"
 
 
-def default_report_dir() -> Path:
-    return Path("reports") / f"nightly-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
 def _backends(names: list[str] | None) -> list[str]:
     """The backends under test: those named, else every installed one but the CPU reference."""
-    from rlx_conformance.backends import BACKENDS, get_backend
-
     if names:
         return names
     found = []
@@ -55,8 +57,7 @@ def _backends(names: list[str] | None) -> list[str]:
 
 
 def targets(args):
-    from rlx_conformance.run.session import backend_targets
-
+    """The nightly's targets: every backend under test on the devices and modes asked for."""
     devices = args.device if args.device == "all" else split([args.device])
     modes = args.mode if args.mode == "all" else split([args.mode])
     return [t for b in _backends(split(args.backend)) for t in backend_targets(b, devices, modes)]
@@ -69,13 +70,11 @@ def write_stats(path: Path, cases: list[records.Record]) -> None:
 
 
 def cmd_nightly(args) -> int:
-    from rlx_conformance.run.session import build_cases, execute
-
     cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32)
     if not cases:
         raise RlxError("no cases selected")
     tholds = thresholds(args)  # bad options fail before the run, not after it
-    report = Path(args.report) if args.report else default_report_dir()
+    report = Path(args.report) if args.report else default_report_dir("nightly")
     if (report / "results.json").exists():
         raise RlxError(f"{report} already holds a run; pick another --report")
     baseline = Path(args.baseline)
@@ -115,9 +114,6 @@ def _exhaustive(args, report: Path) -> dict | None:
     report/exhaustive.json; its document (``failed``: a row over budget outside a known
     divergence, a crash, a timeout), or None when skipped: --ops selects no unary float op or
     --dtypes neither 16-bit float."""
-    from rlx_conformance.cli.exhaustive import print_table
-    from rlx_conformance.run.exhaustive import run_exhaustive, unary_ops
-
     ops = split(args.ops)
     globs = split(args.dtypes)
     dtypes = [d for d in ("float16", "bfloat16") if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]

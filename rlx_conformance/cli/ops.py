@@ -1,18 +1,48 @@
-"""rlx-conformance ops: the registry's ops with per-backend kernel support (table or JSON)."""
+"""rlx-conformance ops: the registry's ops with per-backend kernel support (table or JSON), one
+op's every fact (``ops OP --explain``), or the op reference page (``--format markdown``)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from rlx_conformance.backends import BACKENDS, get_backend
 from rlx_conformance.core.errors import RegistrationError, RlxError
-from rlx_conformance.ops import all_ops
+from rlx_conformance.ops import all_ops, get_op
+from rlx_conformance.report import op_explain, op_reference
+from rlx_conformance.report.op_facts import builtin_ops, declaration_at, op_facts
 
 
-def cmd_ops(args) -> int:
+def cmd_ops(args: argparse.Namespace) -> int:
+    if args.op is not None or args.explain:
+        return _explain(args)
+    if args.format == "markdown":
+        # the built-in ops only: a custom op declared by a test or plugin module is not the
+        # harness's, and the committed page must not depend on what else was imported
+        sys.stdout.write(op_reference.markdown(builtin_ops(all_ops())))
+        return 0
+    return _listing(args)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    """Every fact about one op (report/op_facts.py), on one screen or as JSON."""
+    if args.op is None:
+        raise RlxError("ops --explain needs an op name: rlx-conformance ops OP --explain")
+    if args.format == "markdown":
+        raise RlxError("ops OP: --format markdown is the whole reference; use table or json")
+    facts = op_facts(get_op(args.op))  # unknown op: UnknownOpError with close names
+    if args.format == "json":
+        print(op_explain.to_json(facts))
+        return 0
+    op_explain.render(facts, Console(highlight=False))
+    return 0
+
+
+def _listing(args: argparse.Namespace) -> int:
     backends = {}
     for name in BACKENDS:
         try:
@@ -31,7 +61,8 @@ def cmd_ops(args) -> int:
                           "default": None if repr(a.default) == "REQUIRED" else _jsonable(a.default),
                           "required": repr(a.default) == "REQUIRED",
                           "choices": list(a.choices) if a.choices else None} for a in spec.attrs],
-               "dtypes": list(spec.dtypes), "backends": {}}
+               "dtypes": list(spec.dtypes), "backends": {},
+               "declared_at": declaration_at(spec)}
         for bname, b in backends.items():
             e = b.kernels.get(spec.name)
             row["backends"][bname] = None if e is None else {
@@ -61,16 +92,20 @@ def cmd_ops(args) -> int:
     return 0
 
 
-def _jsonable(v):
-    return list(v) if isinstance(v, tuple) else v
-
-
-
-def _jsonable(v):
+def _jsonable(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
 
 
 def register(sub) -> None:
-    o = sub.add_parser("ops", help="list the registry's ops with per-backend support")
-    o.add_argument("--format", choices=("table", "json"), default="table")
+    o = sub.add_parser("ops", help="list the registry's ops with per-backend support; "
+                       "OP --explain: everything about one op; --format markdown: docs/ops.md")
+    o.add_argument("op", nargs="?", metavar="OP",
+                   help="one op: show everything about it (as --explain)")
+    o.add_argument("--explain", action="store_true",
+                   help="with OP: its declaration, kernels, shape families, value domains, "
+                        "tolerances, accuracy budgets, judge, oracles and known divergences, "
+                        "each with the file:line it comes from")
+    o.add_argument("--format", choices=("table", "json", "markdown"), default="table",
+                   help="table (default), json, or markdown: the op reference page "
+                        f"({op_reference.COMMAND})")
     o.set_defaults(fn=cmd_ops)

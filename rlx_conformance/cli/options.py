@@ -5,10 +5,24 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.judge.stability import classify, summary_line
 from rlx_conformance.run.session import backend_targets
+
+# Still failing, known divergences included (a run fails only on core.results.RUN_FAILING):
+# what `repro` exits 1 on and what the end-of-run summary counts per op.
+STILL_FAILING = res.RUN_FAILING + ("xfail",)
 
 
 def split(values: list[str] | None) -> list[str] | None:
@@ -76,21 +90,13 @@ class _Progress:
     def __enter__(self):
         if not self.enabled:
             return lambda r, counts: None
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
         self._p = Progress(TextColumn("[bold]cases"), BarColumn(), MofNCompleteColumn(),
                            TimeRemainingColumn(), TextColumn("{task.description}"), transient=True)
         self._p.__enter__()
         task = self._p.add_task("", total=self.total)
 
         def update(r, counts):
-            bad = sum(counts[o] for o in res.BAD)
+            bad = sum(counts[o] for o in res.RUN_FAILING)
             self._p.update(task, advance=1, description=f"pass {counts['pass']}  bad {bad}  {r.op}")
         return update
 
@@ -105,12 +111,9 @@ def progress(total: int, enabled: bool) -> _Progress:
 
 
 def print_summary(run, show: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(stderr=False, highlight=False)
     summary = res.summarize(run.results)
-    bad = [r for r in run.results if r.outcome in res.BAD]
+    bad = [r for r in run.results if r.outcome in res.RUN_FAILING]
     if bad:
         t = Table(title=f"{len(bad)} bad case(s) (first {min(show, len(bad))})", show_lines=False)
         for col in ("outcome", "case id", "max ulp", "message"):
@@ -118,7 +121,7 @@ def print_summary(run, show: int) -> None:
         for r in bad[:show]:
             t.add_row(r.outcome, r.id, "" if r.max_ulp is None else f"{r.max_ulp:g}", r.message.splitlines()[0][:160] if r.message else "")
         console.print(t)
-    per_op = Counter((r.op, r.outcome) for r in run.results if r.outcome in res.BAD + ("xfail",))
+    per_op = Counter((r.op, r.outcome) for r in run.results if r.outcome in STILL_FAILING)
     if per_op:
         ops = sorted({op for op, _ in per_op})
         console.print("by op: " + ", ".join(

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from rlx_conformance.core.results import atomic_write_text
 from rlx_conformance.report import records
 from rlx_conformance.report.pairing import pair
@@ -14,9 +17,6 @@ SHOW = 25
 
 
 def cmd_pair(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     p = pair(records.load(args.a), records.load(args.b))
     out = Path(args.out) if args.out else records.results_path(args.a).parent / "pair.json"
     atomic_write_text(out, json.dumps(p.to_json(), indent=1, allow_nan=False) + "\n")

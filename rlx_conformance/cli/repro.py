@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlx_conformance.core import results as res
-from rlx_conformance.run.runner import DEFAULT_TIMEOUT
-
-STILL_FAILING = res.BAD + ("xfail",)
+from rlx_conformance.cli.options import STILL_FAILING
+from rlx_conformance.run.bundle import BundleSink
+from rlx_conformance.run.runner import DEFAULT_TIMEOUT, Runner
+from rlx_conformance.run.session import find_case
 
 
 def register(sub) -> None:
@@ -26,10 +26,6 @@ def register(sub) -> None:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    from rlx_conformance.run.bundle import BundleSink
-    from rlx_conformance.run.runner import Runner
-    from rlx_conformance.run.session import find_case
-
     case = find_case(args.case_id)
     report = Path(args.report)
     sink = BundleSink(report, always=True, timeout=args.timeout)
@@ -40,7 +36,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if r.max_ulp is not None:
         print(f"  max abs {r.max_abs_err:.3g}, max rel {r.max_rel_err:.3g}, max ulp {r.max_ulp:g}")
     if r.outcome == "pass" and r.divergence is not None:
-        print(f"  passes inside known divergence #{r.divergence['entry']}: if none of its cases fails, "
+        print(f"  passes inside known divergence {r.divergence['entry']}: if none of its cases fails, "
               "the entry is stale")
     if r.repro:
         folder = report / r.repro

@@ -5,8 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from rlx_conformance.cli.options import split
 from rlx_conformance.core import results as res
+from rlx_conformance.run.validate import rerun_command, validate
 
 SHOWN = ("pass", "fail", "xfail", "error", "contract", "crash", "timeout", "skip")
 
@@ -43,8 +47,6 @@ def register(sub) -> None:
 
 
 def cmd_validate(args) -> int:
-    from rlx_conformance.run.validate import validate
-
     interactive = not args.no_progress and sys.stderr.isatty()
 
     def stage(msg: str) -> None:  # one line per stage on a terminal (stderr)
@@ -65,15 +67,13 @@ def cmd_validate(args) -> int:
 
 
 def _table(title: str, key: str, v) -> "object":
-    from rich.table import Table
-
     counts = v.counts(key)
     cols = [o for o in SHOWN if o in ("pass", "fail") or any(c[o] for c in counts.values())]
     t = Table(title=title, title_justify="left")
     t.add_column(key if key == "dtype" else "shape family")
     t.add_column("run", justify="right")
     for o in cols:
-        t.add_column(o, justify="right", style="red" if o in res.BAD else None)
+        t.add_column(o, justify="right", style="red" if o in res.RUN_FAILING else None)
     for name in sorted(counts, key=lambda k: (-sum(counts[k].values()), k)) if key == "family" else counts:
         c = counts[name]
         run = sum(n for o, n in c.items() if o != "skip")
@@ -95,9 +95,6 @@ def _ms(s) -> str:
 
 
 def print_verdict(v, show: int = 5) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(highlight=False)
     if not console.is_terminal:  # a log or a pipe: room for case ids
         console.width = 140
@@ -173,8 +170,6 @@ def print_verdict(v, show: int = 5) -> None:
     if v.bundles:
         console.print(f"repro bundles: {v.bundles} under {v.report_dir / 'repro'}")
     if bad:
-        from rlx_conformance.run.validate import rerun_command
-
         console.print(f"rerun one case: {rerun_command(bad[0])}")
     console.print(f"report: {v.report_dir / 'validate.json'}, {v.report_dir / 'results.json'}")
     rejected = sum(1 for p in v.error_probes if not p.ok)

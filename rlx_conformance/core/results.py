@@ -2,6 +2,7 @@
 results.json) is made from CaseResult records alone."""
 from __future__ import annotations
 
+import gzip
 import importlib
 import json
 import os
@@ -10,17 +11,19 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from rlx_conformance.core import provenance
+from rlx_conformance.core.errors import RlxError
 
 SCHEMA = "rlx-conformance/results/v1"
 # contract: the kernel broke the call convention (wrong output count/shape/dtype, a non-array
 # output, an input modified in place): reported as such, never as a numeric mismatch.
 OUTCOMES = ("pass", "fail", "xfail", "xpass", "error", "contract", "crash", "timeout", "skip")
-BAD = ("fail", "xpass", "error", "contract", "crash", "timeout")  # outcomes that fail a run
+RUN_FAILING = ("fail", "xpass", "error", "contract", "crash", "timeout")  # outcomes that fail a run
 
 
 @dataclass
@@ -129,11 +132,9 @@ def run_metadata(**kw: Any) -> dict[str, Any]:
             meta[mod] = importlib.import_module(mod).__version__
         except ImportError:
             meta[mod] = None
-    try:
-        import mlx.core as mx
-
-        meta["mlx"] = mx.__version__
-    except ImportError:
+    try:  # the distribution's version: the parent process never loads MLX itself
+        meta["mlx"] = metadata.version("mlx")
+    except metadata.PackageNotFoundError:
         meta["mlx"] = None
     meta["env"] = {k: v for k, v in os.environ.items() if k.startswith(("RLX_", "MLX_"))}
     # TF32 for float32 matmul/conv on CUDA (MLX reads it once per process; unset = MLX's default,
@@ -170,10 +171,11 @@ def _umask() -> int:
     return mask
 
 
-def write_results(path: Path, run: dict[str, Any], results: list[CaseResult]) -> None:
-    from rlx_conformance.judge.stability import classify
-
-    doc = {"schema": SCHEMA, "run": run, "summary": summarize(results), "stability": classify(results),
+def write_results(path: Path, run: dict[str, Any], results: list[CaseResult],
+                  stability: dict[str, Any]) -> None:
+    """results.json, atomically. ``stability`` is the bit-stability section the judge layer
+    classified from these results (judge.stability.classify)."""
+    doc = {"schema": SCHEMA, "run": run, "summary": summarize(results), "stability": stability,
            "cases": [r.to_json() for r in results]}
     atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
@@ -220,10 +222,60 @@ def load_resumable(report_dir: Path) -> tuple[dict[str, Any], list[CaseResult]]:
 
 def load_results(path: Path) -> dict[str, Any]:
     """A results.json, or a gzipped one (``.gz``)."""
-    import gzip
-
     with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as f:
         doc = json.load(f)
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a results file of schema {SCHEMA}")
     return doc
+
+
+# -- reading a results.json back (reports, merge, resume) -------------------------------------
+# A case record as results.json holds it (CaseResult.to_json): the sinks that work after a run take
+# these, not CaseResult objects, so a file from a newer harness keeps the fields this one lacks.
+Record = dict[str, Any]
+
+
+@dataclass
+class Report:
+    """One results.json: run metadata, summary and case records."""
+
+    path: Path
+    run: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, int] = field(default_factory=dict)
+    cases: list[Record] = field(default_factory=list)
+    stability: dict[str, Any] | None = None  # the run's bit-stability section, where it has one
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+    def by_id(self) -> dict[str, Record]:
+        return {c["id"]: c for c in self.cases}
+
+
+def results_path(path: str | Path) -> Path:
+    """A results.json (or results.json.gz, as the committed baseline is kept) given itself or the
+    report directory that holds it."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json" if (p / "results.json").is_file() else p / "results.json.gz"
+    if not p.is_file():
+        raise RlxError(f"no results file at {p}")
+    return p
+
+
+def load_report(path: str | Path) -> Report:
+    """A results.json (or its report directory) read back as a :class:`Report`."""
+    p = results_path(path)
+    try:
+        doc = load_results(p)
+    except json.JSONDecodeError as e:
+        raise RlxError(f"{p}: not valid JSON ({e})") from None
+    except ValueError as e:
+        raise RlxError(str(e)) from None
+    cases = doc.get("cases") or []
+    counts = Counter(r.get("outcome") for r in cases)
+    summary = doc.get("summary") or ({o: counts.get(o, 0) for o in OUTCOMES} | {"total": len(cases)})
+    stab = doc.get("stability")
+    return Report(path=p, run=doc.get("run") or {}, summary=summary, cases=cases,
+                  stability=stab if isinstance(stab, dict) else None)

@@ -7,7 +7,7 @@ output dtype, and judged by the op's accuracy budget.
 
 * The reference over budget is a **reference bug**: the case reports ``error`` with a message
   starting "reference bug:" (a known divergence never hides it: it is not the backend's).
-* A failing case says which side the oracle supports.
+* A failing case says which side the precise oracle supports.
 * The backend over budget is recorded (``over_budget``); the case's outcome stays the
   differential verdict. Exhaustive mode (exhaustive.py) makes it a failure.
 """
@@ -17,7 +17,7 @@ import fnmatch
 import os
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -27,7 +27,7 @@ from rlx_conformance.core import data
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.judge import precise
-from rlx_conformance.judge.compare import ulp_distance, ulp_size
+from rlx_conformance.judge.compare import asserted, element_errors, ulp_size
 from rlx_conformance.spec.registry import OpSpec
 
 _FIELDS = {"op", "dtype", "ulp", "atol", "bound", "reason"}
@@ -67,25 +67,67 @@ def _entries() -> tuple[dict[str, Any], ...]:
             raise RlxError(f"{where}: op must be a glob or a list of globs")
         if "ulp" not in e or not isinstance(e["ulp"], (int, float)) or e["ulp"] < 0:
             raise RlxError(f"{where}: needs ulp >= 0")
-        if e.get("dtype") is not None and e["dtype"] not in dt.FLOATS:
-            raise RlxError(f"{where}: dtype {e['dtype']!r} is not a float dtype")
+        dtypes = e.get("dtype")
+        if isinstance(dtypes, str):
+            dtypes = [dtypes]
+        if dtypes is not None and (not dtypes or not all(d in dt.FLOATS for d in dtypes)):
+            raise RlxError(f"{where}: dtype must be a float dtype or a list of them")
         for k in ("atol", "bound"):
             if k in e and (not isinstance(e[k], (int, float)) or e[k] < 0):
                 raise RlxError(f"{where}: {k} must be a number >= 0")
-        out.append({**e, "op": tuple(ops), "index": i + 1})
+        out.append({**e, "op": tuple(ops), "dtype": None if dtypes is None else tuple(dtypes), "index": i + 1})
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class LowPrecision:
+    """cases/accuracy.toml [low_precision]: outputs of these dtypes are computed in float32 and
+    rounded once, so their budget is the float32 one with ``ulp`` at most ``max_ulp``."""
+
+    dtypes: tuple[str, ...]
+    max_ulp: float
+    reason: str
+
+
+@cache
+def low_precision() -> LowPrecision:
+    e = data.load("accuracy.toml").get("low_precision")
+    where = "cases/accuracy.toml [low_precision]"
+    if not isinstance(e, dict) or set(e) != {"dtypes", "max_ulp", "reason"}:
+        raise RlxError(f"{where}: needs dtypes, max_ulp and reason")
+    if not isinstance(e["dtypes"], list) or not all(d in dt.FLOATS and dt.compute_dtype(d) != d
+                                                   for d in e["dtypes"]):
+        raise RlxError(f"{where}: dtypes must be float dtypes computed in another dtype (float16, bfloat16)")
+    if not isinstance(e["max_ulp"], (int, float)) or e["max_ulp"] < 0 or not e["reason"]:
+        raise RlxError(f"{where}: needs max_ulp >= 0 and a reason")
+    return LowPrecision(tuple(e["dtypes"]), float(e["max_ulp"]), e["reason"])
+
+
+def _budget(e: dict[str, Any]) -> Budget:
+    return Budget(ulp=float(e["ulp"]), atol=float(e.get("atol", 0.0)),
+                  bound=None if e.get("bound") is None else float(e["bound"]), reason=e["reason"],
+                  source=f"accuracy.toml#{e['index']}:{'|'.join(e['op'])}"
+                         + (f"/{'|'.join(e['dtype'])}" if e["dtype"] else ""))
 
 
 @cache
 def budget_for(op: str, dtype: str) -> Budget:
-    """The first entry matching (op, output dtype); RlxError if none."""
-    for e in _entries():
-        if any(fnmatch.fnmatchcase(op, g) for g in e["op"]) and e.get("dtype", dtype) == dtype:
-            return Budget(ulp=float(e["ulp"]), atol=float(e.get("atol", 0.0)),
-                          bound=None if e.get("bound") is None else float(e["bound"]),
-                          reason=e["reason"],
-                          source=f"accuracy.toml#{e['index']}:{'|'.join(e['op'])}"
-                                 + (f"/{e['dtype']}" if "dtype" in e else ""))
+    """The first entry matching (op, output dtype). A float16/bfloat16 output without an entry
+    naming its dtype takes the op's float32 budget with ulp capped by [low_precision]. RlxError
+    if none."""
+    entries, low = _entries(), low_precision()
+    for e in entries:
+        if any(fnmatch.fnmatchcase(op, g) for g in e["op"]) and (
+                dtype in e["dtype"] if e["dtype"] else dtype not in low.dtypes):
+            return _budget(e)
+    if dtype in low.dtypes:
+        try:
+            b = budget_for(op, dt.compute_dtype(dtype))
+        except RlxError:
+            pass
+        else:
+            return replace(b, ulp=min(b.ulp, low.max_ulp), reason=low.reason,
+                           source=f"accuracy.toml[low_precision]/{dtype} from {b.source}")
     raise RlxError(f"cases/accuracy.toml has no budget for {op} on {dtype}")
 
 
@@ -107,10 +149,10 @@ def missing_budgets(specs: Iterable[OpSpec]) -> list[str]:
     return sorted(set(out))
 
 
-# -- measuring one output against the oracle ------------------------------------------------------
+# -- measuring one output against the precise oracle ---------------------------------------------
 @dataclass
 class Measure:
-    """One implementation's output against the oracle, over the asserted positions."""
+    """One implementation's output against the precise oracle, over the asserted positions."""
 
     max_ulp: float = 0.0
     over: int = 0  # positions over budget (value, NaN, inf or asserted signed-zero mismatches)
@@ -127,32 +169,27 @@ class Measure:
 def measure(got: np.ndarray, want: np.ndarray, budget: Budget, *, skip: np.ndarray | None = None,
             bound: np.ndarray | None = None, signed_zero: bool = False, ftz: bool = False,
             compute_dtype: str | None = None) -> Measure:
-    """``got`` against the oracle ``want`` (same dtype and shape). ``bound``: the registry's
-    per-element bound (NaN = unasserted); ``skip``: positions the spec leaves undefined."""
+    """``got`` against the precise oracle's ``want`` (same dtype and shape), flattened.
+    ``bound``: the registry's per-element bound (NaN = unasserted; used only by a budget with a
+    ``bound`` factor); ``skip``: positions the spec leaves undefined. The per-element errors are
+    compare.element_errors'; unlike compare(), an infinity is judged by its ULP distance (one past
+    the largest finite value) like any other value."""
     name = dt.name_of(want.dtype)
-    g = got.astype(np.float64).reshape(-1)
-    w = want.astype(np.float64).reshape(-1)
-    mask = np.ones(w.shape, bool)
-    if skip is not None:
-        mask &= ~np.broadcast_to(skip, want.shape).reshape(-1)
-    b = None
-    if bound is not None and budget.bound is not None:
-        b = np.broadcast_to(np.asarray(bound, np.float64), want.shape).reshape(-1)
-        mask &= ~np.isnan(b)
+    mask, b = asserted(want.shape, skip, bound if budget.bound is not None else None)
+    mask = mask.reshape(-1)
+    b = None if b is None else b.reshape(-1)
+    err = element_errors(want.reshape(-1), got.reshape(-1))
+    g, w, ulp = err.actual, err.expected, err.ulp
+    nan_bad, inf_bad, both = err.nan_bad, err.inf_bad, ~err.nan
     with np.errstate(all="ignore"):
-        ulp = ulp_distance(got.reshape(-1), want.reshape(-1))
-        g_nan, w_nan = np.isnan(g), np.isnan(w)
-        nan_bad = g_nan != w_nan
-        both = ~(g_nan | w_nan)
-        inf_bad = both & (np.isinf(g) | np.isinf(w)) & (g != w)
-        abs_err = np.where(both & np.isfinite(g) & np.isfinite(w), np.abs(g - w), np.inf)
+        abs_err = np.where(err.finite, err.abs_diff, np.inf)
         within = ulp <= budget.ulp
         if budget.atol:
             within |= abs_err <= budget.atol
         if b is not None:
             within |= abs_err <= budget.bound * np.where(np.isnan(b), np.inf, b) \
                 + budget.ulp * ulp_size(w, name)
-        sz = both & (g == 0) & (w == 0) & (np.signbit(g) != np.signbit(w))
+        sz = err.signed_zero
         flushed = np.zeros_like(mask)
         if ftz:
             tiny = dt.finfo(compute_dtype or dt.compute_dtype(name)).tiny
@@ -172,9 +209,9 @@ def measure(got: np.ndarray, want: np.ndarray, budget: Budget, *, skip: np.ndarr
 
 
 # -- per-case assessment -----------------------------------------------------------------------------
-class _OracleCache:
-    """Oracle values (and the registry's bounds) of the last few input ids: the cases of one
-    input id differ only in target and share them, as they share the reference."""
+class _PreciseCache:
+    """Precise oracle values (and the registry's bounds) of the last few input ids: the cases of
+    one input id differ only in target and share them, as they share the reference."""
 
     def __init__(self, size: int = 4):
         self.size = size
@@ -190,7 +227,7 @@ class _OracleCache:
         return v
 
 
-ORACLE_CACHE = _OracleCache()
+PRECISE_CACHE = _PreciseCache()
 
 
 def _fmt(v) -> str:
@@ -202,9 +239,12 @@ def _where(shape, flat: int) -> tuple[int, ...]:
 
 
 def assess(case, inputs: list[np.ndarray], expected: list[np.ndarray],
-           actual: list[np.ndarray], ok: bool) -> dict[str, Any] | None:
-    """The oracle's judgement of one case: CaseResult fields plus ``reference_bug`` (a message or
-    None) and ``note`` (appended to a failing case's message). None when the op has no oracle."""
+           actual: list[np.ndarray], ok: bool, *, ftz: bool) -> dict[str, Any] | None:
+    """The precise oracle's judgement of one case: CaseResult fields plus ``reference_bug`` (a
+    message or None) and ``note`` (appended to a failing case's message). None when the op has no
+    precise oracle. ``ftz``: whether the target documents flushing subnormal results to zero
+    (Backend.flushes_subnormals of its device), the one thing about the target the verdict needs;
+    the caller knows the backend, this layer does not."""
     spec = case.spec
     if os.environ.get("RLX_CONFORMANCE_ORACLE", "").lower() in ("0", "off", "no"):
         return None  # switched off (to measure its overhead): no oracle fields, no verdict
@@ -221,10 +261,7 @@ def assess(case, inputs: list[np.ndarray], expected: list[np.ndarray],
                   else None for o, d in zip(orc, out_dtypes)]
         return orc, bounds
 
-    orc, bounds = ORACLE_CACHE.get(case.input_id, make)
-    from rlx_conformance.backends import get_backend
-
-    ftz = get_backend(case.target.backend).flushes_subnormals(case.target.device)
+    orc, bounds = PRECISE_CACHE.get(case.input_id, make)
     undefined = spec.undefined(inputs, attrs)
     res: dict[str, Any] = {"oracle_ulp_ref": 0.0, "oracle_ulp_target": 0.0, "over_budget": 0,
                            "over_budget_ref": 0, "ftz_used": False}

@@ -3,6 +3,11 @@
 ULP distance is counted in the output dtype by mapping each float's bits to an integer whose
 order is the order of the reals (+0 and -0 map to the same point), so the distance across zero,
 across signs and through the subnormals is the number of representable values between the two.
+
+:func:`asserted` and :func:`element_errors` are the one place that masks and measures two float
+arrays element by element (NaN, infinities, ULP, signed zeros): :func:`compare` (a backend
+against the reference) and ``accuracy.measure`` (either against the precise oracle) both build on
+them and differ only in the rule that turns the errors into a verdict.
 """
 from __future__ import annotations
 
@@ -60,7 +65,7 @@ class Tolerance:
         return {"max_ulp": self.max_ulp, "rtol": self.rtol, "atol": self.atol, "source": self.source}
 
 
-EXACT = Tolerance(source="exact")
+BIT_EXACT_TOLERANCE = Tolerance(source="exact")  # for exact=True comparisons: no slack at all
 
 
 @dataclass
@@ -74,6 +79,54 @@ class Comparison:
     message: str = ""
     worst_index: tuple[int, ...] | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def asserted(shape: tuple[int, ...], skip: np.ndarray | None,
+             bound: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The positions an output is judged at, as a bool mask of ``shape``: not in ``skip``
+    (undefined by the spec) and, given a per-element ``bound``, where the bound is not NaN
+    (unasserted). Returns the mask and the bound broadcast to ``shape`` as float64."""
+    mask = np.ones(shape, bool)
+    if skip is not None:
+        mask &= ~np.broadcast_to(skip, shape)
+    if bound is not None:
+        bound = np.broadcast_to(np.asarray(bound, np.float64), shape)
+        mask &= ~np.isnan(bound)
+    return mask, bound
+
+
+@dataclass(frozen=True)
+class ElementErrors:
+    """Two float arrays of one dtype and shape compared element by element, in float64.
+    Symmetric in the two sides, so either may be the one judged."""
+
+    expected: np.ndarray  # as float64
+    actual: np.ndarray  # as float64
+    nan: np.ndarray  # either side is NaN
+    finite: np.ndarray  # both sides are finite
+    abs_diff: np.ndarray  # |expected - actual| (inf or NaN where not both finite)
+    ulp: np.ndarray  # ulp_distance in the arrays' dtype (NaN where either side is NaN)
+    nan_bad: np.ndarray  # NaN on one side only
+    inf_bad: np.ndarray  # neither side NaN, one infinite, and they differ
+    signed_zero: np.ndarray  # both zero with different signs
+
+
+def element_errors(expected: np.ndarray, actual: np.ndarray) -> ElementErrors:
+    """The per-element masks and distances of two float arrays (one dtype, one shape)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        e = expected.astype(np.float64)
+        a = actual.astype(np.float64)
+        e_nan, a_nan = np.isnan(e), np.isnan(a)
+        nan = e_nan | a_nan
+        return ElementErrors(
+            expected=e, actual=a, nan=nan,
+            finite=np.isfinite(e) & np.isfinite(a),
+            abs_diff=np.abs(e - a),
+            ulp=ulp_distance(expected, actual),
+            nan_bad=e_nan != a_nan,
+            inf_bad=(np.isinf(e) | np.isinf(a)) & ~nan & (e != a),
+            signed_zero=(e == 0) & (a == 0) & (np.signbit(e) != np.signbit(a)),
+        )
 
 
 def _flat_index(shape, i):
@@ -90,12 +143,7 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
     if expected.dtype != actual.dtype:
         return Comparison(False, message=f"{name}: dtype {actual.dtype} != expected {expected.dtype}")
     n = expected.size
-    mask = np.ones(expected.shape, bool)
-    if skip is not None:
-        mask &= ~np.broadcast_to(skip, expected.shape)
-    if bound is not None:
-        bound = np.broadcast_to(np.asarray(bound, np.float64), expected.shape)
-        mask &= ~np.isnan(bound)
+    mask, bound = asserted(expected.shape, skip, bound)
     name_dt = dt.name_of(expected.dtype)
     if not dt.is_float(name_dt):
         bad = (expected != actual) & mask
@@ -112,20 +160,16 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
                            f"expected {expected.flat[i]!r}, got {actual.flat[i]!r}")
         return res
 
-    e = expected.astype(np.float64)
-    a = actual.astype(np.float64)
-    e_nan, a_nan = np.isnan(e), np.isnan(a)
+    err = element_errors(expected, actual)
+    e, a, finite = err.expected, err.actual, err.finite
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        abs_err = np.abs(e - a)
-        rel_err = abs_err / np.abs(e)
-    ulp = ulp_distance(expected, actual)
-    finite = np.isfinite(e) & np.isfinite(a)
-    abs_err = np.where(finite, abs_err, 0.0)
+        rel_err = err.abs_diff / np.abs(e)
+    # Here non-finite positions carry no error (NaN and inf mismatches are counted on their own).
+    abs_err = np.where(finite, err.abs_diff, 0.0)
     rel_err = np.where(finite & (e != 0), rel_err, np.where(finite & (abs_err > 0), np.inf, 0.0))
-    ulp = np.where(e_nan | a_nan, 0.0, ulp)
+    ulp = np.where(err.nan, 0.0, err.ulp)
 
-    nan_bad = e_nan != a_nan
-    inf_bad = (np.isinf(e) | np.isinf(a)) & ~(e_nan | a_nan) & (e != a)
+    nan_bad, inf_bad = err.nan_bad, err.inf_bad
     if exact:
         val_bad = finite & (e != a)
     else:
@@ -133,9 +177,7 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
         if bound is not None:
             within |= abs_err <= np.where(np.isnan(bound), np.inf, bound) + ulp_size(e, name_dt) * tol.max_ulp
         val_bad = finite & ~within
-    sz_bad = np.zeros_like(val_bad)
-    if signed_zero:
-        sz_bad = (e == 0) & (a == 0) & (np.signbit(e) != np.signbit(a))
+    sz_bad = err.signed_zero if signed_zero else np.zeros_like(val_bad)
     bad = (nan_bad | inf_bad | val_bad | sz_bad) & mask
     checked = int(mask.sum())
     m = mask & finite

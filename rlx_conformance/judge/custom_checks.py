@@ -9,7 +9,7 @@
   judge derives from the case's matrix (csr.cond_inf), both reported in the message.
 
 When an ONNX op fails, the message says which side onnx.reference / onnxruntime agree with
-(rlx_conformance.judge.onnx_oracles).
+(the ONNX oracles, rlx_conformance.judge.onnx_oracles; not the precise oracle of precise.py).
 """
 from __future__ import annotations
 
@@ -20,16 +20,13 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.compare import Comparison, Tolerance, compare
+from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.compare import Comparison, Tolerance, compare, ulp_size
+from rlx_conformance.judge.onnx_oracles import verdict as onnx_verdict
 from rlx_conformance.spec import csr
+from rlx_conformance.spec.registry import Policy
 
 NONE = Tolerance(source="custom judge: bound only")
-
-
-def gamma(n: np.ndarray | int, u: float) -> np.ndarray:
-    """gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability, Lemma 3.1); inf when n u >= 1."""
-    nu = np.asarray(n, np.float64) * u
-    return np.where(nu < 1, nu / np.maximum(1 - nu, 1e-300), np.inf)
 
 
 def _u(dtype: str) -> float:
@@ -59,7 +56,7 @@ def scatter_targets(op: str, data: np.ndarray, idx: np.ndarray, upd: np.ndarray,
 
 def scatter_undefined(op: str) -> Callable[..., np.ndarray | None]:
     """With reduction none, cells that two updates target are undefined (ONNX: duplicates are
-    not allowed, the winner is unspecified; OPS.md "Undefined by spec")."""
+    not allowed, the winner is unspecified; docs/ops.md, onnx.ScatterElements and onnx.ScatterND)."""
     def undefined(inputs, attrs):
         data, idx, upd = inputs
         if attrs["reduction"] != "none":
@@ -131,21 +128,20 @@ def scatter_bound(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any
             val = np.exp2(logp)
     b = np.where(cnt >= 2, b, 0.0)
     if out_dtype != cdt:
-        from rlx_conformance.judge.compare import ulp_size
         b = np.where(b > 0, b + ulp_size(val, out_dtype), b)
     return b.reshape(data.shape)
 
 
 # -- ONNX-op judges ------------------------------------------------------------------------------
-def _with_oracle(op: str, inputs, attrs, expected, actual, comps: list[Comparison],
-                 same: Callable[[np.ndarray, np.ndarray], bool]) -> list[Comparison]:
+def _with_onnx_verdict(op: str, inputs, attrs, expected, actual, comps: list[Comparison],
+                       same: Callable[[np.ndarray, np.ndarray], bool]) -> list[Comparison]:
+    """A failing case's first failing comparison gets the ONNX oracles' verdict (which side they
+    agree with) in its message and notes."""
     if all(c.ok for c in comps):
         return comps
     try:
-        from rlx_conformance.judge.onnx_oracles import verdict
-
-        v = verdict(op, inputs, attrs, expected[0], actual[0], same)
-    except Exception as e:  # noqa: BLE001 — an oracle problem must not hide the finding
+        v = onnx_verdict(op, inputs, attrs, expected[0], actual[0], same)
+    except Exception as e:  # noqa: BLE001 — an ONNX oracle's problem must not hide the finding
         v = f"oracle verdict unavailable: {type(e).__name__}: {e}"
     for c in comps:
         if not c.ok:
@@ -156,22 +152,18 @@ def _with_oracle(op: str, inputs, attrs, expected, actual, comps: list[Compariso
 
 
 def gather_check(op: str):
-    from rlx_conformance.spec.registry import Policy
-
     def check(inputs, attrs, expected, actual):
         comps = [compare(e, a, exact=True, signed_zero=True, tol=NONE, name=f"output {k}")
                  for k, (e, a) in enumerate(zip(expected, actual))]
 
         def same(x, y):
             return compare(x, y, exact=True, signed_zero=True, tol=NONE).ok
-        return _with_oracle(op, inputs, attrs, expected, actual, comps, same)
+        return _with_onnx_verdict(op, inputs, attrs, expected, actual, comps, same)
     return Policy(exact=True, signed_zero=True, check=check,
                   check_reason="pure data movement: bit-exact, signed zeros included")
 
 
 def scatter_check(op: str):
-    from rlx_conformance.spec.registry import Policy
-
     undefined = scatter_undefined(op)
 
     def judge_one(inputs, attrs, e, a):
@@ -185,8 +177,8 @@ def scatter_check(op: str):
 
     def check(inputs, attrs, expected, actual):
         comps = [judge_one(inputs, attrs, expected[0], actual[0])]
-        return _with_oracle(op, inputs, attrs, expected, actual, comps,
-                            lambda x, y: judge_one(inputs, attrs, x, y).ok)
+        return _with_onnx_verdict(op, inputs, attrs, expected, actual, comps,
+                                  lambda x, y: judge_one(inputs, attrs, x, y).ok)
     return Policy(check=check, check_reason=(
         "none: bit-exact (duplicate targets undefined, masked); add/mul: cells with c >= 2 "
         "updates within 2*gamma_c*sum|terms| (add) or 2*gamma_c*|prod| (mul), every other cell "
@@ -220,8 +212,6 @@ def matvec_bound(inputs: Sequence[np.ndarray], out_dtype: str) -> np.ndarray:
 
 
 def matvec_check():
-    from rlx_conformance.spec.registry import Policy
-
     def check(inputs, attrs, expected, actual):
         e, a = expected[0], actual[0]
         return [compare(e, a, exact=False, signed_zero=False, tol=NONE,
@@ -230,8 +220,6 @@ def matvec_check():
 
 
 def values_grad_check():
-    from rlx_conformance.spec.registry import Policy
-
     def check(inputs, attrs, expected, actual):
         return [compare(expected[0], actual[0], exact=True, signed_zero=True, tol=NONE, name="out")]
     return Policy(exact=True, signed_zero=True, check=check, check_reason=(
@@ -273,7 +261,6 @@ def lu_check():
     ||x - x*|| / ||x*|| <= 2 kappa eta / (1 - kappa eta) per side (Higham Thm 7.2 with
     kappa_{A,b} <= 2 kappa_inf), for eta the budget above, target plus reference; unasserted
     when kappa * eta >= 1/2 (the problem is too ill-conditioned for the precision)."""
-    from rlx_conformance.spec.registry import Policy
 
     def check(inputs, attrs, expected, actual):
         a, b, n = _system(inputs)
@@ -339,7 +326,6 @@ def cg_check():
         precisions was below 1.05); x* is the sparse-LU solution in float64.
       A target that stopped on its own residual test and passes the first criterion passes too.
     """
-    from rlx_conformance.spec.registry import Policy
 
     def check(inputs, attrs, expected, actual):
         a, b, n = _system(inputs)

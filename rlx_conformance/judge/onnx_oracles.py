@@ -1,7 +1,11 @@
-"""Independent oracles for the ONNX custom ops: onnx.reference (the ONNX project's Python
-reference evaluator) and onnxruntime, both optional. Used by the oracle tests and by the judges:
-when the CPU reference and a backend disagree on an ONNX op, :func:`verdict` says which side
-the ONNX implementations agree with.
+"""The ONNX oracles: independent implementations of the ONNX custom ops, onnx.reference (the
+ONNX project's Python reference evaluator) and onnxruntime, both optional. Used by the ONNX
+oracle tests and by the judges: when the CPU reference and a backend disagree on an ONNX op,
+:func:`verdict` says which side the ONNX implementations agree with. (Not the precise oracle,
+precise.py, which computes the correctly rounded value of floating ops with MPFR.)
+
+onnx and onnxruntime are optional dependencies: they are imported where a model is built or run,
+so that the harness imports without them (:func:`available` says which are installed).
 
 Known oracle quirks (as of onnx 1.23), which is why a verdict reports each oracle separately:
 onnx.reference's ScatterElements max/min use Python's max/min (a NaN update is ignored, a NaN
@@ -16,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from rlx_conformance.judge.compare import Tolerance, compare
 
 ONNX_OPS = {  # harness name -> (ONNX op type, opset)
     "onnx.ScatterElements": ("ScatterElements", 18),
@@ -45,6 +51,7 @@ def _onnx_attrs(op: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 def model(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_shape=None):
     """A one-node ONNX model of the op (input names x0, x1, ...; output y)."""
+    # optional dependency, imported where needed (module docstring)
     from onnx import helper
 
     op_type, opset = ONNX_OPS[op]
@@ -61,7 +68,7 @@ def model(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_s
 
 
 def run_onnx_reference(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    from onnx.reference import ReferenceEvaluator
+    from onnx.reference import ReferenceEvaluator  # optional dependency
 
     if "axis" in attrs and inputs[0].ndim:  # its GatherElements slices shapes with axis + 1
         attrs = {**attrs, "axis": attrs["axis"] % inputs[0].ndim}
@@ -76,7 +83,7 @@ def run_onnx_reference(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str
 
 
 def run_onnxruntime(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> np.ndarray:
-    import onnxruntime as ort
+    import onnxruntime as ort  # optional dependency
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
@@ -87,15 +94,13 @@ def run_onnxruntime(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, A
     return np.asarray(y)
 
 
-ORACLES: dict[str, Callable[..., np.ndarray]] = {
+ONNX_ORACLES: dict[str, Callable[..., np.ndarray]] = {
     "onnx.reference": run_onnx_reference,
     "onnxruntime": run_onnxruntime,
 }
 
 
 def _exact(x: np.ndarray, y: np.ndarray) -> bool:
-    from rlx_conformance.judge.compare import Tolerance, compare
-
     return compare(x, y, exact=True, signed_zero=False, tol=Tolerance()).ok
 
 
@@ -109,7 +114,7 @@ def verdict(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
         return f"no ONNX oracle for {op}"
     same = same or _exact
     parts = []
-    for name, fn in ORACLES.items():
+    for name, fn in ONNX_ORACLES.items():
         try:
             y = fn(op, [np.asarray(x) for x in inputs], attrs)
         except ImportError:

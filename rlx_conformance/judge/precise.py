@@ -14,7 +14,7 @@ How each op is computed, and why it is independent of ``backends/cpu``:
   + - * /, fmod, pow, atan2, fma, rint/floor/ceil) are evaluated directly in a context that *is*
   the output format (precision, exponent range, subnormals), so the result is the correctly
   rounded value. Composite activations (gelu, silu, mish, ...) are evaluated at ``p + 64`` bits
-  in a numerically stable form of the OPS.md definition, then rounded once; rational ones
+  in a numerically stable form of the op's definition (docs/ops.md), then rounded once; rational ones
   (hard_sigmoid, hard_swish, softsign) exactly, as rationals. The CPU reference instead runs
   numpy/scipy in float64 (or float64 on float64 inputs): another library, another precision,
   and for several ops another formula. For unary ops on float16 / bfloat16 inputs,
@@ -30,18 +30,17 @@ How each op is computed, and why it is independent of ``backends/cpu``:
 
 Ops without a precise oracle are listed in :data:`NO_ORACLE` with the reason.
 
-Rounding once: :func:`round_dd` rounds an unevaluated sum hi + lo of float64s to float64,
-float32, float16 or bfloat16 with a single rounding (round-to-odd into a format with >= p + 2
-bits, then round-to-nearest-even: Boldo & Melquiond, "Emulation of FMA and correctly rounded
-sums: proved algorithms using rounding to odd", IEEE TC 2008). Plain ``astype`` from longdouble
-to float16 rounds twice (through float64) and is not used.
+Rounding once: :func:`rlx_conformance.judge.rounding.round_dd` rounds an unevaluated sum
+hi + lo of float64s to float64, float32, float16 or bfloat16 with a single rounding
+(round-to-odd into a format with >= p + 2 bits, then round-to-nearest-even: Boldo & Melquiond,
+"Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd", IEEE TC
+2008). Plain ``astype`` from longdouble to float16 rounds twice (through float64) and is not used.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import math
-import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,15 +49,9 @@ import gmpy2
 import numpy as np
 from gmpy2 import mpfr, mpq
 
-# Importing gmpy2 installs GMP's SIGFPE handler, which prints "gmp: overflow in mpz type" and
-# aborts: a kernel's own SIGFPE (MLX's integer INT_MIN / -1) would then read as SIGABRT from GMP.
-# The oracle never relies on it (MPFR reports through flags, not signals), so restore the default.
-try:
-    signal.signal(signal.SIGFPE, signal.SIG_DFL)
-except ValueError:  # imported off the main thread: signals can only be set from it
-    pass
-
 from rlx_conformance.core import dtypes as dt
+from rlx_conformance.judge import mpfr_setup, precise_fast  # noqa: F401 — mpfr_setup undoes GMP's SIGFPE handler
+from rlx_conformance.judge.rounding import round_ld
 
 # -- formats -----------------------------------------------------------------------------------
 # (precision p, MPFR emin, MPFR emax): MPFR's significand is in [1/2, 1), so IEEE emin - p + 2
@@ -89,11 +82,13 @@ def working_context(dtype: str) -> gmpy2.context:
 
 
 def version() -> str:
-    """A digest of the oracle's source (this module and its fast path, precise_fast.py): part of
-    the exhaustive mode's disk-cache key, so a change to either invalidates what was cached. The
-    fast path is meant never to change an answer, but the key names the code that made it."""
+    """A digest of the oracle's source (this module, its fast path precise_fast.py and the
+    rounding both use, rounding.py): part of the exhaustive mode's disk-cache key, so a change to
+    any of them invalidates what was cached. The fast path is meant never to change an answer,
+    but the key names the code that made it."""
     h = hashlib.sha256()
-    for path in (Path(__file__), Path(__file__).with_name("precise_fast.py")):
+    for path in (Path(__file__), Path(__file__).with_name("precise_fast.py"),
+                 Path(__file__).with_name("rounding.py")):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -357,7 +352,7 @@ NO_ORACLE = {
     "linalg (dense_solve, cholesky, det, svd, qr, ...)": "judged by backward error / reconstruction",
     "rng_uniform / rng_normal": "random: judged by distribution tests",
     "quantize / dequantize / fake_quantize": "not yet: judged against the reference",
-    "custom ops (rlx_sparse.*, onnx.*)": "judged by error bounds and the ONNX oracles (oracles.py)",
+    "custom ops (rlx_sparse.*, onnx.*)": "judged by error bounds and the ONNX oracles (onnx_oracles.py)",
 }
 
 
@@ -442,8 +437,6 @@ def elementwise(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
     ``fast``: let precise_fast decide the elements it can prove MPFR's answer for (unary ops on
     float16 / bfloat16 inputs; bit-identical by construction, checked exhaustively by
     benchmarks/verify_fast_oracle.py); the rest, and everything with ``fast=False``, is MPFR."""
-    from rlx_conformance.judge import precise_fast
-
     arrays = np.broadcast_arrays(*[np.asarray(x) for x in inputs])
     shape = arrays[0].shape if arrays else ()
     n = int(np.prod(shape)) if shape else 1
@@ -464,55 +457,7 @@ def elementwise(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
     return out.reshape(shape).astype(dt.np_dtype(out_dtype))
 
 
-# -- rounding once from a wide value -----------------------------------------------------------
-def _odd_round(hi: np.ndarray, lo: np.ndarray, to) -> np.ndarray:
-    """Round hi + lo (|lo| small against hi, or lo = 0) to the binary format ``to`` (float64 or
-    float32) with round-to-odd: truncate, and set the last bit when inexact."""
-    t = hi.astype(to) if to is not np.float64 else hi.copy()
-    exact_hi = t.astype(np.float64) == hi if to is not np.float64 else np.ones(hi.shape, bool)
-    with np.errstate(invalid="ignore"):
-        rest = np.where(exact_hi, lo, (hi - t.astype(np.float64)) + lo)
-    finite = np.isfinite(hi)
-    inexact = finite & (rest != 0)
-    # truncate: step toward zero where t overshoots |hi + lo|
-    over = inexact & (np.sign(rest) != np.sign(t.astype(np.float64))) & (t != 0)
-    t = np.where(over, np.nextafter(t, np.zeros((), to)), t)
-    # overflow of the narrowing: truncation gives the largest finite value
-    big = finite & np.isinf(t)
-    t = np.where(big, np.copysign(np.finfo(to).max, hi).astype(to), t)
-    uint = np.uint64 if to is np.float64 else np.uint32
-    bits = t.view(uint) | inexact.astype(uint)
-    return bits.view(to)
-
-
-def round_dd(hi: np.ndarray, lo: np.ndarray, dtype: str) -> np.ndarray:
-    """The value hi + lo (float64 arrays, |lo| <= ulp(hi)/2 or lo = 0) rounded once to
-    ``dtype`` (round to nearest, ties to even; subnormals and overflow as IEEE)."""
-    hi = np.asarray(hi, np.float64)
-    lo = np.asarray(lo, np.float64)
-    npd = dt.np_dtype(dtype)
-    with np.errstate(all="ignore"):
-        if dtype == "float64":
-            s = hi + lo  # hi + lo is normalised: this is hi, correctly rounded
-            return np.where(np.isfinite(hi), s, hi)
-        odd = _odd_round(hi, lo, np.float64)  # 53 >= p + 2 for float32 / float16
-        if dtype in ("float32", "float16"):
-            return odd.astype(npd)  # numpy's float64 -> float32/float16 rounds once, correctly
-        odd32 = _odd_round(odd, np.zeros_like(odd), np.float32)  # 24 >= 8 + 2
-        return odd32.astype(npd)  # ml_dtypes float32 -> bfloat16: round to nearest even
-
-
-def round_ld(v: np.ndarray, dtype: str) -> np.ndarray:
-    """A longdouble array rounded once to ``dtype``."""
-    v = np.asarray(v, np.longdouble)
-    with np.errstate(all="ignore"):
-        hi = v.astype(np.float64)
-        lo = np.where(np.isfinite(hi), (v - hi.astype(np.longdouble)).astype(np.float64), 0.0)
-        # longdouble values beyond float64's range: hi is +-inf (the right rounding for every
-        # output dtype, all narrower than float64)
-    return round_dd(hi, lo, dtype)
-
-
+# -- rounding once from MPFR values ------------------------------------------------------------
 def round_mpfr(values: Sequence[Any], dtype: str, shape=None) -> np.ndarray:
     """MPFR values (any precision) or exact rationals rounded once to ``dtype``."""
     ctx = target_context(dtype)

@@ -18,7 +18,7 @@ that provably contain the exact value of that step for the exact input.
   (:func:`_libm`). A monotone function of an interval is evaluated at its ends.
 * Constants (1/sqrt(2), 2 sqrt(2/pi), 0.044715) are enclosed by MPFR, rounded down and up.
 
-Both ends are then rounded to the output format (precise.round_dd: once, ties to even,
+Both ends are then rounded to the output format (rounding.round_dd: once, ties to even,
 subnormals, overflow). Rounding to nearest is monotone, so when both ends round to the same bits
 every value between them does too, the exact one included: that is the correctly rounded
 result, which is MPFR's. When they differ, the interval touches a rounding boundary (a midpoint,
@@ -48,7 +48,8 @@ import gmpy2
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.precise import round_dd
+from rlx_conformance.judge import mpfr_setup  # noqa: F401 — undoes GMP's SIGFPE handler (see there)
+from rlx_conformance.judge.rounding import round_dd
 
 Iv = tuple[np.ndarray, np.ndarray]  # (lo, hi): lo <= exact <= hi, elementwise
 Enclose = Callable[[np.ndarray, Mapping[str, Any]], Iv]  # an op: (inputs, attrs) -> enclosure

@@ -21,13 +21,19 @@ such a group (``session.execute`` calls it after ``runner.finalize``).
 from __future__ import annotations
 
 import hashlib
+import platform
+import tomllib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from rlx_conformance.core import data
+from rlx_conformance.core.errors import RlxError
 
 CLASSES = ("bit-stable", "mode-dependent", "nondeterministic", "unknown")
 RECORDED_FILE = "bit_stable.toml"  # under cases/
@@ -79,13 +85,9 @@ def repeat_cases(cases: Sequence[Any], n: int) -> list[Any]:
     """Every case n times, repeat by repeat (the runner sends a task's later repeats to other
     workers where it can); ids, inputs and seeds do not change."""
     if n < 1:
-        from rlx_conformance.core.errors import RlxError
-
         raise RlxError(f"--repeat wants N >= 1, got {n}")
     if n == 1:
         return list(cases)
-    from dataclasses import replace
-
     return [replace(c, repeat=k) for k in range(n) for c in cases]
 
 
@@ -246,32 +248,74 @@ def host(platform_string: str | None = None, machine: str | None = None) -> str:
     may round differently on another OS or architecture (libm, SIMD, the JIT's compiler), so a
     recorded group applies on its host only. Without arguments: this host; else from a
     results.json's run.platform and run.machine."""
-    import platform
-
     return (f"{(platform_string or platform.platform()).split('-')[0]}-"
             f"{machine or platform.machine()}")
 
 
-def load_recorded() -> dict[RecordKey, frozenset[str]]:
-    """The groups of cases/bit_stable.toml recorded on this host, as {(op, dtype, backend,
-    device): modes}; empty when the file is absent."""
-    from rlx_conformance.core import data
-    from rlx_conformance.core.errors import RlxError
+# The file: one [[stable]] table per (backend, device, host, modes), holding [[stable.ops]]
+# sub-tables of ops that share their dtypes, and its provenance: `recorded` (one line per
+# `stability --update` that wrote into it) and an optional `note` by hand. A table whose modes
+# are fewer than another's of the same backend, device and host lists the exceptions: there
+# only those modes agree bit-wise.
+TableKey = tuple[str, str, str, tuple[str, ...]]  # backend, device, host, modes
+HostKey = tuple[str, str, str, str, str]  # op, dtype, backend, device, host
+_TABLE_FIELDS = {"backend", "device", "host", "modes", "recorded", "note", "ops"}
 
-    if not data.data_path(RECORDED_FILE).is_file():
-        return {}
-    here = host()
-    out: dict[RecordKey, frozenset[str]] = {}
-    for i, g in enumerate(data.load(RECORDED_FILE).get("group", [])):
-        try:
-            if g["host"] != here:
-                continue
-            for dtype in g["dtypes"]:
-                out[(g["op"], dtype, g["backend"], g["device"])] = frozenset(g["modes"])
-        except (KeyError, TypeError) as e:
-            raise RlxError(f"cases/{RECORDED_FILE} group #{i + 1}: needs op, backend, device, "
-                           f"host, dtypes and modes ({e})") from None
+
+@dataclass
+class Recorded:
+    """cases/bit_stable.toml as read: the modes recorded per (op, dtype, backend, device, host)
+    and each table's provenance (``recorded`` lines, ``note``)."""
+
+    modes: dict[HostKey, tuple[str, ...]] = field(default_factory=dict)
+    provenance: dict[TableKey, dict[str, Any]] = field(default_factory=dict)
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def read_recorded(path: Path) -> Recorded:
+    """The recorded groups of the file at ``path`` (every host's); empty when it is absent."""
+    out = Recorded()
+    if not path.is_file():
+        return out
+    try:
+        with path.open("rb") as f:
+            tables = tomllib.load(f).get("stable", [])
+    except tomllib.TOMLDecodeError as e:
+        raise RlxError(f"{path}: {e}") from None
+    for i, t in enumerate(tables):
+        where = f"{path} [[stable]] #{i + 1}"
+        if set(t) - _TABLE_FIELDS or not all(isinstance(t.get(k), str) for k in ("backend", "device", "host")) \
+                or not _strings(t.get("modes")) or not t["modes"] or not _strings(t.get("recorded", [])) \
+                or not isinstance(t.get("note", ""), str) or not isinstance(t.get("ops"), list):
+            raise RlxError(f"{where}: needs backend, device, host (strings), modes (a list), [[stable.ops]] "
+                           "and optionally recorded (a list of lines) and note")
+        key = (t["backend"], t["device"], t["host"], tuple(sorted(t["modes"])))
+        prov = out.provenance.setdefault(key, {"recorded": [], "note": ""})
+        prov["recorded"] += [r for r in t.get("recorded", []) if r not in prov["recorded"]]
+        prov["note"] = prov["note"] or t.get("note", "")
+        for j, sub in enumerate(t["ops"]):
+            if set(sub) != {"dtypes", "ops"} or not _strings(sub["dtypes"]) or not _strings(sub["ops"]):
+                raise RlxError(f"{where}, [[stable.ops]] #{j + 1}: needs ops and dtypes (lists of names)")
+            for op in sub["ops"]:
+                for dtype in sub["dtypes"]:
+                    k = (op, dtype, t["backend"], t["device"], t["host"])
+                    if k in out.modes:
+                        raise RlxError(f"{where}: {op}/{dtype} on {t['backend']}-{t['device']} ({t['host']}) "
+                                       "is recorded twice")
+                    out.modes[k] = key[3]
     return out
+
+
+def load_recorded(where: str | None = None) -> dict[RecordKey, frozenset[str]]:
+    """The groups of cases/bit_stable.toml recorded on host ``where`` (default: this host), as
+    {(op, dtype, backend, device): modes}; empty when the file is absent."""
+    where = where or host()
+    return {(op, dtype, backend, device): frozenset(modes)
+            for (op, dtype, backend, device, h), modes in read_recorded(data.data_path(RECORDED_FILE)).modes.items()
+            if h == where}
 
 
 def _fail(r: Any, why: str) -> None:

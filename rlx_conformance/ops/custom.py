@@ -1,4 +1,4 @@
-"""Custom ops (OPS.md "Custom ops"), declared through the extension API
+"""Custom ops (docs/ops.md), declared through the extension API
 (:func:`rlx_conformance.spec.custom_ops.custom_op`): four ONNX ops and four ``rlx_sparse`` ops.
 
 ONNX ops follow the ONNX spec (ScatterElements/ScatterND opset 18, GatherND/GatherElements
@@ -14,6 +14,13 @@ valid input: dims beyond the data's on non-axis dims are cut, duplicate indices 
 with a reduction (ONNX leaves them undefined with "none"), GatherND's batch dims are copied from
 the data. Sparse families are [[n, m]] (rows, columns) or [[n]] (square); the value class names
 the matrix structure (see rlx_conformance/spec/csr.py).
+
+The sparse ops take a CSR matrix as ``values`` [nnz] (float32/float64), ``col_idx`` [nnz] and
+``row_ptr`` [n+1] (int32): row_ptr starts at 0, never decreases and ends at nnz, and every column
+index is in [0, m); anything else is an error (checked on the host). Judging
+(judge/custom_checks.py): gathers and scatters without reduction bit-exact, scatter reductions
+within the accumulation-order error of the duplicates, mat_vec by the dot-product bound per row,
+the solvers by normwise backward error and condition-scaled forward error.
 """
 from __future__ import annotations
 
@@ -538,7 +545,6 @@ def _csr_errors(op: str, square: bool):
 
 _CSR_INPUTS = (Input("values"), Input("col_idx", dtypes=("int32",), role="index"),
                Input("row_ptr", dtypes=("int32",), role="index"))
-_SPARSE = dict(dtypes=SPARSE_DTYPES, low_precision="native")
 
 custom_op(
     "rlx_sparse.mat_vec",
@@ -546,7 +552,7 @@ custom_op(
     inputs=_CSR_INPUTS + (Input("x"),), infer=infer_mat_vec, check_values=check_mat_vec,
     shapes="csr", values=("random", "empty_rows", "dense_rows", "special"), generate=gen_mat_vec,
     error_inputs=lambda: _csr_errors("rlx_sparse.mat_vec", False), policy=matvec_check(),
-    **_SPARSE,
+    dtypes=SPARSE_DTYPES, low_precision="native",
 )
 
 custom_op(
@@ -557,7 +563,7 @@ custom_op(
     infer=infer_values_grad, check_values=check_values_grad, shapes="csr",
     values=("random", "empty_rows", "dense_rows", "special"), generate=gen_values_grad,
     error_inputs=lambda: _csr_errors("rlx_sparse.values_grad", False),
-    policy=values_grad_check(), **_SPARSE,
+    policy=values_grad_check(), dtypes=SPARSE_DTYPES, low_precision="native",
 )
 
 custom_op(
@@ -567,7 +573,7 @@ custom_op(
     check_values=_check_square("rlx_sparse.lu_solve"), shapes="csr_square",
     values=("dominant", "pivot", "spd", "ill"), generate=gen_square,
     error_inputs=lambda: _csr_errors("rlx_sparse.lu_solve", True), policy=lu_check(),
-    **_SPARSE,
+    dtypes=SPARSE_DTYPES, low_precision="native",
 )
 
 custom_op(
@@ -581,5 +587,5 @@ custom_op(
     check_values=_check_square("rlx_sparse.cg_solve"), shapes="csr_spd",
     values=("spd", "ill"), generate=gen_square,
     error_inputs=lambda: _csr_errors("rlx_sparse.cg_solve", True), policy=cg_check(),
-    **_SPARSE,
+    dtypes=SPARSE_DTYPES, low_precision="native",
 )

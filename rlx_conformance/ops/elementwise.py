@@ -1,49 +1,41 @@
-"""Elementwise ops (OPS.md "Elementwise"): 29 activations, 14 binary ops, 6 comparisons, where,
-fma, clamp, cast."""
+"""Elementwise ops (docs/ops.md): 29 activations, 14 binary ops, 6 comparisons, where, fma, clamp,
+cast.
+
+Semantics: activations take one float input and keep its shape and dtype; binary ops, the
+comparisons, where and fma broadcast their inputs (numpy rules) and need one dtype for all data
+inputs (where's condition is bool). float16/bfloat16 compute in float32 and round once. Integer
+add/sub/mul wrap; integer div truncates toward zero and mod takes the sign of the dividend (C
+fmod). Undefined by the spec (any output passes there): integer div/mod by zero and INT_MIN / -1,
+shift counts outside [0, bits), and a float -> int cast of NaN, inf or a value whose truncation is
+out of the target range. max/min propagate NaN; comparisons follow IEEE (NaN compares unequal).
+
+Judging: ops whose result is exactly defined (relu, neg, abs, rounding, sign, max/min, the bit
+ops, comparisons, where, clamp, cast) are bit-exact; the rest are held to the tolerance table
+(cases/tolerances.toml), which gives the correctly rounded IEEE ops (add, sub, mul, div, fma,
+sqrt) 0 ULP; add, sub, mul, div and fma also compare the sign of zero.
+"""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.spec import infer
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.spec.registry import (
+    Attr,
+    Input,
+    OpSpec,
+    Policy,
+    declaration_helper,
+    declare,
+)
 
-# -- activations: name -> (value domain, doc, policy) --------------------------------------------
 EXACT_SZ = Policy(exact=True, signed_zero=True)  # results exactly defined, sign of zero included
 EXACT = Policy(exact=True)
 APPROX = Policy()  # within the tolerance table (cases/tolerances.toml)
+IEEE = Policy(signed_zero=True)  # correctly rounded IEEE ops: tolerance 0 ULP in tolerances.toml
 
-ACTIVATIONS = {
-    "gelu": ("gelu", "x * Phi(x), exact erf form", APPROX),
-    "gelu_approx": ("gelu", "tanh form: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))", APPROX),
-    "silu": ("sigmoid", "x * sigmoid(x)", APPROX),
-    "relu": ("real", "max(x, 0)", EXACT),
-    "sigmoid": ("sigmoid", "1 / (1 + e^-x)", APPROX),
-    "tanh": ("sigmoid", "hyperbolic tangent", APPROX),
-    "exp": ("exp", "e^x", APPROX),
-    "log": ("positive", "natural log; log(0) = -inf, log(x<0) = NaN", APPROX),
-    "sqrt": ("positive", "square root (IEEE, correctly rounded)", APPROX),
-    "rsqrt": ("positive", "1 / sqrt(x)", APPROX),
-    "neg": ("real", "-x", EXACT_SZ),
-    "abs": ("real", "|x|", EXACT_SZ),
-    "sin": ("trig", "sine", APPROX),
-    "cos": ("trig", "cosine", APPROX),
-    "tan": ("trig", "tangent", APPROX),
-    "atan": ("real", "arc tangent", APPROX),
-    "recip": ("real", "1 / x", APPROX),
-    "round": ("rounding", "round half to even", EXACT_SZ),
-    "floor": ("rounding", "floor", EXACT_SZ),
-    "ceil": ("rounding", "ceil", EXACT_SZ),
-    "sign": ("real", "-1, 0 or 1; sign(NaN) = NaN", EXACT),
-    "softplus": ("softplus", "log(1 + e^x), computed stably", APPROX),
-    "elu": ("exp", "x if x > 0 else e^x - 1 (alpha 1)", APPROX),
-    "erf": ("real", "error function", APPROX),
-    "hard_swish": ("hard", "x * clamp(x + 3, 0, 6) / 6", APPROX),
-    "hard_sigmoid": ("hard", "clamp(x / 6 + 1/2, 0, 1)", APPROX),
-    "mish": ("softplus", "x * tanh(softplus(x))", APPROX),
-    "softsign": ("real", "x / (1 + |x|)", APPROX),
-    "log_sigmoid": ("softplus", "min(x, 0) - log1p(e^-|x|)", APPROX),
-}
 
 # -- error inputs (validate's error-input parity): inputs every backend must reject -----------------
 def _arr(shape, dtype: str) -> np.ndarray:
@@ -69,15 +61,9 @@ def _broadcast_errors(dtypes, n: int = 2):
     return errors
 
 
-for _name, (_domain, _doc, _policy) in ACTIVATIONS.items():
-    declare(name=_name, family="activation", doc=_doc,
-            inputs=(Input("x", domain=_domain),), dtypes=dt.FLOATS,
-            infer=infer.same, shapes="unary", policy=_policy, error_inputs=_activation_errors)
-
-
-# -- binary ops ----------------------------------------------------------------------------------
+# -- undefined positions -------------------------------------------------------------------------
 def _int_div_undefined(inputs, attrs):
-    """Integer division/mod by zero, and INT_MIN / -1 (overflow), are undefined (OPS.md)."""
+    """Integer division/mod by zero, and INT_MIN / -1 (overflow), are undefined."""
     a, b = inputs
     if not np.issubdtype(a.dtype, np.integer):
         return None
@@ -88,43 +74,100 @@ def _int_div_undefined(inputs, attrs):
 
 
 def _shift_undefined(inputs, attrs):
-    """Shift counts outside [0, bits) are undefined (OPS.md)."""
+    """Shift counts outside [0, bits) are undefined."""
     a, b = inputs
     bits = a.dtype.itemsize * 8
     return (b.astype(np.int64) < 0) | (b.astype(np.int64) >= bits)
 
 
-_IEEE = Policy(signed_zero=True)  # correctly rounded IEEE ops: tolerance 0 ULP in tolerances.toml
-BINARY = {
-    "add": (dt.NUMERIC, "real", "real", "a + b (ints wrap)", _IEEE, None),
-    "sub": (dt.NUMERIC, "real", "real", "a - b (ints wrap)", _IEEE, None),
-    "mul": (dt.NUMERIC, "real", "real", "a * b (ints wrap)", _IEEE, None),
-    "div": (dt.NUMERIC, "real", "divisor", "a / b; ints truncate toward zero", _IEEE, _int_div_undefined),
-    "max": (dt.NUMERIC, "real", "real", "elementwise max, NaN-propagating", EXACT, None),
-    "min": (dt.NUMERIC, "real", "real", "elementwise min, NaN-propagating", EXACT, None),
-    "pow": (dt.FLOATS, "pow_base", "pow_exp", "a ** b", APPROX, None),
-    "mod": (dt.NUMERIC, "real", "divisor", "C fmod: sign of the dividend", EXACT_SZ, _int_div_undefined),
-    "bit_and": (dt.INTS + ("bool",), "bits", "bits", "bitwise and", EXACT, None),
-    "bit_or": (dt.INTS + ("bool",), "bits", "bits", "bitwise or", EXACT, None),
-    "bit_xor": (dt.INTS + ("bool",), "bits", "bits", "bitwise xor", EXACT, None),
-    "shl": (dt.INTS, "bits", "shift", "a << b", EXACT, _shift_undefined),
-    "shr": (dt.INTS, "bits", "shift", "a >> b, arithmetic for signed", EXACT, _shift_undefined),
-    "atan2": (dt.FLOATS, "real", "real", "atan2(a, b)", APPROX, None),
-}
+# -- declaration helpers -------------------------------------------------------------------------
+@declaration_helper
+def unary(name: str, doc: str, *, domain: str = "real", policy: Policy = APPROX) -> OpSpec:
+    """A float activation: one input ``x`` drawn from ``domain``, output of x's shape and dtype."""
+    return declare(name=name, family="activation", doc=doc,
+                   inputs=(Input("x", domain=domain),), dtypes=dt.FLOATS,
+                   infer=infer.same, shapes="unary", policy=policy, error_inputs=_activation_errors)
 
-for _name, (_dtypes, _da, _db, _doc, _policy, _undef) in BINARY.items():
-    declare(name=_name, family="binary", doc=_doc,
-            inputs=(Input("a", domain=_da), Input("b", domain=_db)), dtypes=_dtypes,
-            infer=infer.elementwise, shapes="binary", policy=_policy,
-            error_inputs=_broadcast_errors(_dtypes),
-            **({"undefined": _undef} if _undef else {}))
+
+@declaration_helper
+def binary(name: str, doc: str, *, dtypes: tuple[str, ...] = dt.NUMERIC,
+           domains: tuple[str, str] = ("real", "real"), policy: Policy = IEEE,
+           undefined: Callable[..., np.ndarray | None] | None = None) -> OpSpec:
+    """Two inputs ``a``, ``b`` of one dtype, broadcast (numpy rules), drawn from ``domains``."""
+    return declare(name=name, family="binary", doc=doc,
+                   inputs=(Input("a", domain=domains[0]), Input("b", domain=domains[1])), dtypes=dtypes,
+                   infer=infer.elementwise, shapes="binary", policy=policy,
+                   error_inputs=_broadcast_errors(dtypes),
+                   **({"undefined": undefined} if undefined else {}))
+
+
+@declaration_helper
+def comparison(name: str, doc: str) -> OpSpec:
+    """A broadcasting predicate over every dtype, bool out; IEEE: NaN compares unequal."""
+    return declare(name=name, family="compare", doc=doc + " (IEEE: NaN compares unequal)",
+                   inputs=(Input("a", domain="compare"), Input("b", domain="compare")), dtypes=dt.ALL,
+                   infer=infer.predicate, shapes="binary", policy=EXACT,
+                   error_inputs=_broadcast_errors(dt.ALL))
+
+
+# -- activations ---------------------------------------------------------------------------------
+unary("gelu", "x * Phi(x), exact erf form", domain="gelu")
+unary("gelu_approx", "tanh form: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))", domain="gelu")
+unary("silu", "x * sigmoid(x)", domain="sigmoid")
+unary("relu", "max(x, 0)", policy=EXACT)
+unary("sigmoid", "1 / (1 + e^-x)", domain="sigmoid")
+unary("tanh", "hyperbolic tangent", domain="sigmoid")
+unary("exp", "e^x", domain="exp")
+unary("log", "natural log; log(0) = -inf, log(x<0) = NaN", domain="positive")
+unary("sqrt", "square root (IEEE, correctly rounded)", domain="positive")
+unary("rsqrt", "1 / sqrt(x)", domain="positive")
+unary("neg", "-x", policy=EXACT_SZ)
+unary("abs", "|x|", policy=EXACT_SZ)
+unary("sin", "sine", domain="trig")
+unary("cos", "cosine", domain="trig")
+unary("tan", "tangent", domain="trig")
+unary("atan", "arc tangent")
+unary("recip", "1 / x")
+unary("round", "round half to even", domain="rounding", policy=EXACT_SZ)
+unary("floor", "floor", domain="rounding", policy=EXACT_SZ)
+unary("ceil", "ceil", domain="rounding", policy=EXACT_SZ)
+unary("sign", "-1, 0 or 1; sign(NaN) = NaN", policy=EXACT)
+unary("softplus", "log(1 + e^x), computed stably", domain="softplus")
+unary("elu", "x if x > 0 else e^x - 1 (alpha 1)", domain="exp")
+unary("erf", "error function")
+unary("hard_swish", "x * clamp(x + 3, 0, 6) / 6", domain="hard")
+unary("hard_sigmoid", "clamp(x / 6 + 1/2, 0, 1)", domain="hard")
+unary("mish", "x * tanh(softplus(x))", domain="softplus")
+unary("softsign", "x / (1 + |x|)")
+unary("log_sigmoid", "min(x, 0) - log1p(e^-|x|)", domain="softplus")
+
+# -- binary ops ----------------------------------------------------------------------------------
+binary("add", "a + b (ints wrap)")
+binary("sub", "a - b (ints wrap)")
+binary("mul", "a * b (ints wrap)")
+binary("div", "a / b; ints truncate toward zero", domains=("real", "divisor"),
+       undefined=_int_div_undefined)
+binary("max", "elementwise max, NaN-propagating", policy=EXACT)
+binary("min", "elementwise min, NaN-propagating", policy=EXACT)
+binary("pow", "a ** b", dtypes=dt.FLOATS, domains=("pow_base", "pow_exp"), policy=APPROX)
+binary("mod", "C fmod: sign of the dividend", domains=("real", "divisor"), policy=EXACT_SZ,
+       undefined=_int_div_undefined)
+binary("bit_and", "bitwise and", dtypes=dt.INTS + ("bool",), domains=("bits", "bits"), policy=EXACT)
+binary("bit_or", "bitwise or", dtypes=dt.INTS + ("bool",), domains=("bits", "bits"), policy=EXACT)
+binary("bit_xor", "bitwise xor", dtypes=dt.INTS + ("bool",), domains=("bits", "bits"), policy=EXACT)
+binary("shl", "a << b", dtypes=dt.INTS, domains=("bits", "shift"), policy=EXACT,
+       undefined=_shift_undefined)
+binary("shr", "a >> b, arithmetic for signed", dtypes=dt.INTS, domains=("bits", "shift"), policy=EXACT,
+       undefined=_shift_undefined)
+binary("atan2", "atan2(a, b)", dtypes=dt.FLOATS, policy=APPROX)
 
 # -- comparisons ---------------------------------------------------------------------------------
-for _name, _doc in {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b",
-                    "gt": "a > b", "ge": "a >= b"}.items():
-    declare(name=_name, family="compare", doc=_doc + " (IEEE: NaN compares unequal)",
-            inputs=(Input("a", domain="compare"), Input("b", domain="compare")), dtypes=dt.ALL,
-            infer=infer.predicate, shapes="binary", policy=EXACT, error_inputs=_broadcast_errors(dt.ALL))
+comparison("eq", "a == b")
+comparison("ne", "a != b")
+comparison("lt", "a < b")
+comparison("le", "a <= b")
+comparison("gt", "a > b")
+comparison("ge", "a >= b")
 
 # -- others --------------------------------------------------------------------------------------
 declare(name="where", family="select", doc="cond ? a : b, broadcasting",
@@ -135,7 +178,7 @@ declare(name="where", family="select", doc="cond ? a : b, broadcasting",
 
 declare(name="fma", family="select", doc="a*b + c with a single rounding",
         inputs=(Input("a"), Input("b"), Input("c")), dtypes=dt.FLOATS,
-        infer=infer.elementwise, shapes="ternary", policy=_IEEE, error_inputs=_broadcast_errors(dt.FLOATS, 3))
+        infer=infer.elementwise, shapes="ternary", policy=IEEE, error_inputs=_broadcast_errors(dt.FLOATS, 3))
 
 declare(name="clamp", family="select", doc="min(max(x, min), max), bounds converted to x's dtype",
         inputs=(Input("x", domain="clamp"),), dtypes=dt.NUMERIC,
@@ -145,7 +188,7 @@ declare(name="clamp", family="select", doc="min(max(x, min), max), bounds conver
 
 
 def _cast_undefined(inputs, attrs):
-    """float -> int of NaN, inf or a value whose truncation is out of the target range (OPS.md)."""
+    """float -> int of NaN, inf or a value whose truncation is out of the target range."""
     (x,) = inputs
     to = attrs["to"]
     if not (np.issubdtype(x.dtype, np.floating) or x.dtype == dt.np_dtype("bfloat16")) or not dt.is_int(to):

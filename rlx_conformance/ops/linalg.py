@@ -1,11 +1,11 @@
-"""Linear algebra (OPS.md "Linear algebra"): mat_mul, dot_general, dense_solve,
-batched_dense_solve, cholesky, triangular_solve, det, log_det, svd, qr.
+"""Linear algebra (docs/ops.md): mat_mul, dot_general, dense_solve, batched_dense_solve, cholesky,
+triangular_solve, det, log_det, svd, qr.
 
 Products are judged by the dot-product error bound gamma_K * (|A||B|) per output. Solvers are
 judged by backward error and, against the reference, by forward error scaled by the condition
 number; factorizations by their invariants and by reconstruction, never by elementwise match of
 non-unique factors; det/log_det by the LU backward error propagated through the adjugate
-(ops/_linalg_judge.py has the analysis). Structured inputs (SPD, prescribed singular values,
+(judge/bounds/linalg.py has the analysis). Structured inputs (SPD, prescribed singular values,
 triangular, badly scaled or extreme-magnitude matrices) come from the ``generate`` hooks here,
 built deterministically by ops/_linalg_build.py; their value classes are named per op.
 """
@@ -18,6 +18,11 @@ import numpy as np
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds import linalg as judge
+from rlx_conformance.judge.bounds.linalg import (
+    dot_general_bound,
+    dot_general_dims,
+    matmul_bound,
+)
 from rlx_conformance.ops import _linalg_build as lb
 from rlx_conformance.spec import infer
 from rlx_conformance.spec.registry import Attr, Input, Policy, declare
@@ -38,29 +43,9 @@ def _matmul(spec, shapes, dtypes, attrs):
     return [(out, dtypes[0])]
 
 
-def dot_general_dims(name: str, a, b, attrs) -> tuple[tuple[int, ...], ...]:
-    """Normalised (lhs_contracting, rhs_contracting, lhs_batch, rhs_batch, lhs_free, rhs_free)."""
-    lc, rc, lbt, rbt = (attrs[k] for k in ("lhs_contracting", "rhs_contracting", "lhs_batch", "rhs_batch"))
-    if len(lc) != len(rc) or len(lbt) != len(rbt):
-        raise SpecError(f"{name}: lhs/rhs contracting and batch dims must pair up "
-                        f"({len(lc)} vs {len(rc)} contracting, {len(lbt)} vs {len(rbt)} batch)")
-    lc, lbt = ([infer.norm_axis(name, d, len(a), "lhs dim") for d in v] for v in (lc, lbt))
-    rc, rbt = ([infer.norm_axis(name, d, len(b), "rhs dim") for d in v] for v in (rc, rbt))
-    for side, dims in (("lhs", lc + lbt), ("rhs", rc + rbt)):
-        if len(set(dims)) != len(dims):
-            raise SpecError(f"{name}: {side} dims repeat across contracting and batch: {dims}")
-    for x, y, what in ((lc, rc, "contracting"), (lbt, rbt, "batch")):
-        for i, j in zip(x, y):
-            if a[i] != b[j]:
-                raise SpecError(f"{name}: {what} sizes differ: lhs dim {i} is {a[i]}, rhs dim {j} is {b[j]}")
-    lf = tuple(d for d in range(len(a)) if d not in lc + lbt)
-    rf = tuple(d for d in range(len(b)) if d not in rc + rbt)
-    return tuple(lc), tuple(rc), tuple(lbt), tuple(rbt), lf, rf
-
-
 def _dot_general(spec, shapes, dtypes, attrs):
     a, b = shapes
-    lc, rc, lbt, rbt, lf, rf = dot_general_dims(spec.name, a, b, attrs)
+    _, _, lbt, _, lf, rf = dot_general_dims(spec.name, a, b, attrs)
     return [(tuple(a[d] for d in lbt) + tuple(a[d] for d in lf) + tuple(b[d] for d in rf), dtypes[0])]
 
 
@@ -128,41 +113,6 @@ def _svd_infer(spec, shapes, dtypes, attrs):
 def _qr_infer(spec, shapes, dtypes, attrs):
     batch, m, n, k = _matrix(spec.name, shapes[0])
     return [({"q": batch + (m, k), "r": batch + (k, n)}[attrs["part"]], dtypes[0])]
-
-
-# -- error bounds for products -------------------------------------------------------------------
-def _u_ref(dtype: str) -> float:
-    """The reference computes float64 products in long double, narrower dtypes in float64."""
-    return judge.ULD if dt.compute_dtype(dtype) == "float64" else judge.U64
-
-
-def matmul_bound(inputs, attrs, out_dtype):
-    a, b = inputs
-    k = a.shape[-1]
-    a2 = a if a.ndim >= 2 else a[None, :]
-    b2 = b if b.ndim >= 2 else b[:, None]
-    bound = judge.bilinear_bound(np.matmul, a2, b2, k, out_dtype, _u_ref(out_dtype))
-    if a.ndim == 1:
-        bound = bound[..., 0, :]
-    if b.ndim == 1:
-        bound = bound[..., 0]
-    return bound
-
-
-def dot_general_canonical(a: np.ndarray, b: np.ndarray, attrs) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    """(lhs as [B, M, K], rhs as [B, K, N], output shape): the one layout both the reference and
-    the bound compute in."""
-    lc, rc, lbt, rbt, lf, rf = dot_general_dims("dot_general", a.shape, b.shape, attrs)
-    size = lambda x, dims: math.prod(x.shape[d] for d in dims)  # noqa: E731
-    A = np.transpose(a, lbt + lf + lc).reshape(size(a, lbt), size(a, lf), size(a, lc))
-    B = np.transpose(b, rbt + rc + rf).reshape(size(b, rbt), size(b, rc), size(b, rf))
-    out = tuple(a.shape[d] for d in lbt) + tuple(a.shape[d] for d in lf) + tuple(b.shape[d] for d in rf)
-    return A, B, out
-
-
-def dot_general_bound(inputs, attrs, out_dtype):
-    A, B, out = dot_general_canonical(*inputs, attrs)
-    return judge.bilinear_bound(np.matmul, A, B, A.shape[-1], out_dtype, _u_ref(out_dtype)).reshape(out)
 
 
 # -- structured inputs ---------------------------------------------------------------------------
@@ -352,7 +302,6 @@ def _chol_errors():
 
 # -- declarations ----------------------------------------------------------------------------------
 FLOATS = dt.FLOATS
-_PRODUCT = dict(values=("random", "special"))
 
 declare(name="mat_mul", family="linalg", doc="numpy matmul: batched, broadcast batch dims; a 1-D "
         "operand is a row (lhs) or a column (rhs) that is dropped from the result",
@@ -360,7 +309,7 @@ declare(name="mat_mul", family="linalg", doc="numpy matmul: batched, broadcast b
         policy=Policy(bound=matmul_bound, bound_reason="any summation order: gamma_K * (|A||B|)"),
         error_inputs=lambda: [("contraction mismatch", [np.ones((2, 3), np.float32), np.ones((4, 2), np.float32)], {}),
                               ("scalar operand", [np.ones((), np.float32), np.ones(3, np.float32)], {})],
-        **_PRODUCT)
+        values=("random", "special"))
 
 _DIMS = ((), (0,), (1,), (2,), (2, 3), (1, 0))
 declare(name="dot_general", family="linalg",

@@ -1,8 +1,8 @@
-"""Normalization and attention (OPS.md "Normalization, attention, convolution"): layer_norm,
-rms_norm, group_norm, batch_norm_inference, attention, rope.
+"""Normalization and attention (docs/ops.md): layer_norm, rms_norm, group_norm,
+batch_norm_inference, attention, rope.
 
 Each op is judged by a per-element error bound from a first-order rounding analysis of its
-textbook algorithm (ops/_nn_bounds.py), valid for any summation order, so a backend that
+textbook algorithm (judge/bounds/nn.py), valid for any summation order, so a backend that
 accumulates differently passes and one that loses accuracy (a one-pass variance, a softmax
 without max subtraction) fails where the inputs make it matter (the ``spread`` class).
 
@@ -22,15 +22,25 @@ Conventions the spec fixes (the op docs below repeat them):
 """
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds import nn as bounds
+from rlx_conformance.judge.bounds.nn import attention_dims
 from rlx_conformance.spec import infer
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.spec.registry import (
+    Attr,
+    ErrorInputs,
+    Infer,
+    Input,
+    OpSpec,
+    Policy,
+    declaration_helper,
+    declare,
+)
 
 FLOATS = dt.FLOATS
 
@@ -80,53 +90,10 @@ def _batch_norm_infer(spec, shapes, dtypes, attrs):
 MASK_KINDS = ("none", "causal", "sliding_window", "custom", "bias")
 
 
-def attention_dims(name: str, q, k, v, mask, attrs) -> tuple[int, int, int, int, int, int]:
-    """(B, Sq, Sk, H, Hkv, D), after checking every shape and attribute."""
-    h, d = attrs["num_heads"], attrs["head_dim"]
-    if len(q) != 3 or len(k) != 3 or len(v) != 3:
-        raise SpecError(f"{name}: q, k, v must be [B, S, heads*head_dim], got {q}, {k}, {v}")
-    if h < 1 or d < 1 or q[-1] != h * d:
-        raise SpecError(f"{name}: q's last dim {q[-1]} != num_heads*head_dim = {h}*{d}")
-    if k != v or k[0] != q[0] or k[-1] % d:
-        raise SpecError(f"{name}: k {k} and v {v} must be equal [B, Sk, Hkv*{d}] with q's batch {q[0]}")
-    hkv = k[-1] // d
-    if hkv < 1 or h % hkv:
-        raise SpecError(f"{name}: {hkv} key/value heads do not divide {h} query heads")
-    b, sq, sk = q[0], q[1], k[1]
-    kind, w = attrs["mask_kind"], attrs["window"]
-    if kind in ("custom", "bias"):
-        if not mask or len(mask) > 4:
-            raise SpecError(f"{name}: mask_kind={kind} needs a mask broadcastable to [B, H, Sq, Sk]")
-        infer.broadcast(name, [tuple(mask), (b, h, sq, sk)])
-        if infer.broadcast(name, [tuple(mask), (b, h, sq, sk)]) != (b, h, sq, sk):
-            raise SpecError(f"{name}: mask {mask} does not broadcast to {(b, h, sq, sk)}")
-    elif math.prod(mask) != 0:
-        raise SpecError(f"{name}: mask_kind={kind} takes no mask (pass an empty array), got {mask}")
-    if (kind == "sliding_window") != (w > 0) or w < 0:
-        raise SpecError(f"{name}: window={w} is for mask_kind=sliding_window (w >= 1) only")
-    if kind in ("causal", "sliding_window") and sq > sk:
-        raise SpecError(f"{name}: {kind} puts the {sq} queries at the end of {sk} keys: needs Sq <= Sk")
-    if attrs["score_scale"] < 0 or attrs["logit_softcap"] < 0:
-        raise SpecError(f"{name}: score_scale and logit_softcap must be >= 0")
-    return b, sq, sk, h, hkv, d
-
-
 def _attention_infer(spec, shapes, dtypes, attrs):
     q, k, v, mask = shapes
     attention_dims(spec.name, q, k, v, mask, attrs)
     return [(q, dtypes[0])]
-
-
-def allowed_keys(kind: str, window: int, sq: int, sk: int) -> np.ndarray:
-    """[Sq, Sk] bool of the structural masks (none, causal, sliding_window); query i sits at
-    absolute position Sk - Sq + i."""
-    pos = np.arange(sq)[:, None] + (sk - sq)
-    j = np.arange(sk)[None, :]
-    if kind == "causal":
-        return j <= pos
-    if kind == "sliding_window":
-        return (j <= pos) & (j > pos - window)
-    return np.ones((sq, sk), bool)
 
 
 def _attention_undefined(inputs, attrs):
@@ -170,44 +137,49 @@ def _short_keys(values: tuple, long: tuple):
 _EPS = Attr("eps", "float", default=1e-5, doc="added to the variance (mean square) before the root")
 _AXIS = Attr("axis", "int", default=-1, sweep=(-1, -2, 0),
              doc="first normalized dim; normalizes x.shape[axis:]")
-_NORM_VALUES = ("random", "special", "spread")
+_NORM_INPUTS = (Input("x", domain="nn_x"), Input("gamma", domain="nn_gamma"), Input("beta", domain="nn_beta"))
 
-declare(name="layer_norm", family="norm",
-        doc="(x - mean) / sqrt(var + eps) * gamma + beta over x.shape[axis:] (ONNX "
-            "LayerNormalization); gamma, beta of shape x.shape[axis:]",
-        inputs=(Input("x", domain="nn_x"), Input("gamma", domain="nn_gamma"), Input("beta", domain="nn_beta")),
-        dtypes=FLOATS, attrs=(_AXIS, _EPS), infer=_norm_infer, shapes="nn_norm", values=_NORM_VALUES,
-        policy=Policy(bound=bounds.layer_norm_bound, bound_reason="two-pass mean/variance rounding "
-                      "analysis, any summation order"),
-        error_inputs=lambda: [("gamma shape", [np.ones((2, 3), np.float32), np.ones(2, np.float32),
-                                               np.ones(3, np.float32)], {"axis": -1})])
-declare(name="rms_norm", family="norm",
-        doc="x / sqrt(mean(x^2) + eps) * gamma + beta over x.shape[axis:]; gamma, beta of shape x.shape[axis:]",
-        inputs=(Input("x", domain="nn_x"), Input("gamma", domain="nn_gamma"), Input("beta", domain="nn_beta")),
-        dtypes=FLOATS, attrs=(_AXIS, _EPS), infer=_norm_infer, shapes="nn_norm", values=_NORM_VALUES,
-        policy=Policy(bound=bounds.rms_norm_bound, bound_reason="mean-square rounding analysis, any "
-                      "summation order"),
-        error_inputs=lambda: [("beta shape", [np.ones((2, 3), np.float32), np.ones(3, np.float32),
-                                              np.ones(2, np.float32)], {"axis": -1})])
-declare(name="group_norm", family="norm",
-        doc="x [N, C, ...] split into num_groups groups of C/num_groups channels; each group (with "
-            "its spatial dims) normalized like layer_norm, then per-channel gamma, beta [C]",
-        inputs=(Input("x", domain="nn_x"), Input("gamma", domain="nn_gamma"), Input("beta", domain="nn_beta")),
-        dtypes=FLOATS, attrs=(Attr("num_groups", "int", default=1, sweep=(1, 2, 32)), _EPS),
-        infer=_group_norm_infer, shapes="nn_group_norm", values=_NORM_VALUES,
-        policy=Policy(bound=bounds.group_norm_bound, bound_reason="layer_norm's analysis per group"),
-        error_inputs=lambda: [("groups do not divide C", [np.ones((1, 6, 2), np.float32), np.ones(6, np.float32),
-                                                          np.ones(6, np.float32)], {"num_groups": 4})])
-declare(name="batch_norm_inference", family="norm",
-        doc="(x - mean) / sqrt(var + eps) * gamma + beta with running statistics; feature dim last",
-        inputs=(Input("x", domain="nn_x"), Input("gamma", domain="nn_gamma"), Input("beta", domain="nn_beta"),
-                Input("mean", domain="nn_x"), Input("var", domain="nn_var")),
-        dtypes=FLOATS, attrs=(_EPS,), infer=_batch_norm_infer, shapes="nn_batch_norm",
-        values=("random", "special"),
-        policy=Policy(bound=bounds.batch_norm_bound, bound_reason="a few roundings, also for the "
-                      "folded scale/shift form"),
-        error_inputs=lambda: [("var shape", [np.ones((2, 3), np.float32)] + [np.ones(3, np.float32)] * 3
-                               + [np.ones(2, np.float32)], {})])
+
+@declaration_helper
+def norm(name: str, doc: str, *, attrs: tuple[Attr, ...], infer: Infer, shapes: str,
+         bound: Callable[..., np.ndarray], bound_reason: str, error_inputs: ErrorInputs,
+         inputs: tuple[Input, ...] = _NORM_INPUTS,
+         values: tuple[str, ...] = ("random", "special", "spread")) -> OpSpec:
+    """A float normalization x, gamma, beta (+ extra inputs), judged by its error bound; the
+    ``spread`` class (rows of large mean and small variance) shows a one-pass variance."""
+    return declare(name=name, family="norm", doc=doc, inputs=inputs, dtypes=FLOATS, attrs=attrs,
+                   infer=infer, shapes=shapes, values=values,
+                   policy=Policy(bound=bound, bound_reason=bound_reason), error_inputs=error_inputs)
+
+
+norm("layer_norm", "(x - mean) / sqrt(var + eps) * gamma + beta over x.shape[axis:] (ONNX "
+     "LayerNormalization); gamma, beta of shape x.shape[axis:]",
+     attrs=(_AXIS, _EPS), infer=_norm_infer, shapes="nn_norm",
+     bound=bounds.layer_norm_bound, bound_reason="two-pass mean/variance rounding analysis, any "
+     "summation order",
+     error_inputs=lambda: [("gamma shape", [np.ones((2, 3), np.float32), np.ones(2, np.float32),
+                                            np.ones(3, np.float32)], {"axis": -1})])
+norm("rms_norm", "x / sqrt(mean(x^2) + eps) * gamma + beta over x.shape[axis:]; gamma, beta of "
+     "shape x.shape[axis:]",
+     attrs=(_AXIS, _EPS), infer=_norm_infer, shapes="nn_norm",
+     bound=bounds.rms_norm_bound, bound_reason="mean-square rounding analysis, any summation order",
+     error_inputs=lambda: [("beta shape", [np.ones((2, 3), np.float32), np.ones(3, np.float32),
+                                           np.ones(2, np.float32)], {"axis": -1})])
+norm("group_norm", "x [N, C, ...] split into num_groups groups of C/num_groups channels; each "
+     "group (with its spatial dims) normalized like layer_norm, then per-channel gamma, beta [C]",
+     attrs=(Attr("num_groups", "int", default=1, sweep=(1, 2, 32)), _EPS), infer=_group_norm_infer,
+     shapes="nn_group_norm", bound=bounds.group_norm_bound,
+     bound_reason="layer_norm's analysis per group",
+     error_inputs=lambda: [("groups do not divide C", [np.ones((1, 6, 2), np.float32), np.ones(6, np.float32),
+                                                       np.ones(6, np.float32)], {"num_groups": 4})])
+norm("batch_norm_inference", "(x - mean) / sqrt(var + eps) * gamma + beta with running "
+     "statistics; feature dim last",
+     inputs=_NORM_INPUTS + (Input("mean", domain="nn_x"), Input("var", domain="nn_var")),
+     attrs=(_EPS,), infer=_batch_norm_infer, shapes="nn_batch_norm", values=("random", "special"),
+     bound=bounds.batch_norm_bound, bound_reason="a few roundings, also for the folded "
+     "scale/shift form",
+     error_inputs=lambda: [("var shape", [np.ones((2, 3), np.float32)] + [np.ones(3, np.float32)] * 3
+                            + [np.ones(2, np.float32)], {})])
 
 declare(name="attention", family="attention",
         doc="softmax(scale * q k^T [softcapped] [masked]) v per head; q [B, Sq, H*D], k, v "

@@ -1,5 +1,5 @@
-"""Shape and data movement (OPS.md "Shape and data movement"): reshape, transpose, narrow, slice,
-concat, expand, gather, reverse, pad, tile, trilu, scatter_add, one_hot, non_zero.
+"""Shape and data movement (docs/ops.md): reshape, transpose, narrow, slice, concat, expand,
+gather, reverse, pad, tile, trilu, scatter_add, one_hot, non_zero.
 
 Every op here but scatter_add moves or selects values without arithmetic, so results are judged
 bit-exact (signed zeros included) and float16/bfloat16 stay in their own dtype
@@ -21,19 +21,40 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.ops.reduce import gamma
+from rlx_conformance.judge.bounds.shape import scatter_add_bound
 from rlx_conformance.spec import infer
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.spec.registry import (
+    Attr,
+    CheckValues,
+    ErrorInputs,
+    Generate,
+    Infer,
+    Input,
+    OpSpec,
+    Policy,
+    declaration_helper,
+    declare,
+)
 from rlx_conformance.spec.values import make_array
 
 Shape = tuple[int, ...]
 EXACT = Policy(exact=True, signed_zero=True)
 INDEX_DTYPES = ("int64", "int32")
 INT32_MARKER = (32,)  # trailing shape-family entry: draw indices as int32
-# Layout ops have no value-dependent code paths: the "special" class (half random draws, half
-# NaN/inf/signed zeros/subnormals/extremes) checks that every bit pattern moves unchanged.
-LAYOUT = dict(family="shape", dtypes=dt.ALL, low_precision="native", policy=EXACT,
-              values=("special",))
+
+
+@declaration_helper
+def layout(name: str, doc: str, *, inputs: tuple[Input, ...], infer: Infer, shapes: str,
+           attrs: tuple[Attr, ...] = (), generate: Generate | None = None,
+           check_values: CheckValues | None = None, error_inputs: ErrorInputs | None = None) -> OpSpec:
+    """A layout op: every dtype, values moved unchanged (bit-exact, signed zeros included),
+    float16/bfloat16 kept in their dtype. Layout ops have no value-dependent code paths: the
+    "special" class (half random draws, half NaN/inf/signed zeros/subnormals/extremes) checks
+    that every bit pattern moves unchanged."""
+    return declare(name=name, family="shape", doc=doc, inputs=inputs, dtypes=dt.ALL, attrs=attrs,
+                   infer=infer, shapes=shapes, values=("special",), policy=EXACT,
+                   low_precision="native", generate=generate, check_values=check_values,
+                   error_inputs=error_inputs)
 
 
 def _rank_at_least(op: str, shape: Shape, r: int) -> None:
@@ -41,7 +62,7 @@ def _rank_at_least(op: str, shape: Shape, r: int) -> None:
         raise SpecError(f"{op}: needs rank >= {r}, got shape {shape}")
 
 
-# Error inputs (validate's error-input parity; OPS.md "Error inputs": bad shapes/ranks,
+# Error inputs (validate's error-input parity; docs/ops.md: bad shapes/ranks,
 # out-of-range axes and indices, wrong index dtypes, unknown attribute values): each a
 # (description, inputs, attrs) that every backend must reject.
 def _x(*shape: int, dtype: str = "float32") -> np.ndarray:
@@ -64,14 +85,13 @@ def infer_reshape(spec, shapes, dtypes, attrs):
     return [(tuple(new), dtypes[0])]
 
 
-declare(name="reshape", doc="same elements in row-major order, new shape (one -1 inferred)",
-        inputs=(Input("x"),), infer=infer_reshape, shapes="reshape",
-        attrs=(Attr("new_shape", "ints", sweep=((-1,), (4, -1), (3, 1, 8), ())),),
-        error_inputs=lambda: [("element count differs", [_x(2, 3)], {"new_shape": (4, 2)}),
-                              ("two -1s", [_x(2, 3)], {"new_shape": (-1, -1)}),
-                              ("-1 cannot be inferred", [_x(2, 3)], {"new_shape": (4, -1)}),
-                              ("size below -1", [_x(2, 3)], {"new_shape": (-2, -3)})],
-        **LAYOUT)
+layout("reshape", "same elements in row-major order, new shape (one -1 inferred)",
+       inputs=(Input("x"),), infer=infer_reshape, shapes="reshape",
+       attrs=(Attr("new_shape", "ints", sweep=((-1,), (4, -1), (3, 1, 8), ())),),
+       error_inputs=lambda: [("element count differs", [_x(2, 3)], {"new_shape": (4, 2)}),
+                             ("two -1s", [_x(2, 3)], {"new_shape": (-1, -1)}),
+                             ("-1 cannot be inferred", [_x(2, 3)], {"new_shape": (4, -1)}),
+                             ("size below -1", [_x(2, 3)], {"new_shape": (-2, -3)})])
 
 
 # -- transpose -----------------------------------------------------------------------------------
@@ -82,14 +102,13 @@ def infer_transpose(spec, shapes, dtypes, attrs):
     return [(tuple(shape[p] for p in perm), dtypes[0])]
 
 
-declare(name="transpose", doc="out.shape[i] = x.shape[perm[i]]",
-        inputs=(Input("x"),), infer=infer_transpose, shapes="transpose",
-        attrs=(Attr("perm", "ints", sweep=((), (1, 0), (0, 2, 1), (2, 0, 1), (3, 1, 0, 2))),),
-        error_inputs=lambda: [("repeated axis in perm", [_x(2, 3)], {"perm": (0, 0)}),
-                              ("perm shorter than the rank", [_x(2, 3, 4)], {"perm": (1, 0)}),
-                              ("perm entry out of range", [_x(2, 3)], {"perm": (0, 2)}),
-                              ("negative perm entry", [_x(2, 3)], {"perm": (-1, 0)})],
-        **LAYOUT)
+layout("transpose", "out.shape[i] = x.shape[perm[i]]",
+       inputs=(Input("x"),), infer=infer_transpose, shapes="transpose",
+       attrs=(Attr("perm", "ints", sweep=((), (1, 0), (0, 2, 1), (2, 0, 1), (3, 1, 0, 2))),),
+       error_inputs=lambda: [("repeated axis in perm", [_x(2, 3)], {"perm": (0, 0)}),
+                             ("perm shorter than the rank", [_x(2, 3, 4)], {"perm": (1, 0)}),
+                             ("perm entry out of range", [_x(2, 3)], {"perm": (0, 2)}),
+                             ("negative perm entry", [_x(2, 3)], {"perm": (-1, 0)})])
 
 
 # -- narrow and slice ----------------------------------------------------------------------------
@@ -108,16 +127,15 @@ def infer_narrow(spec, shapes, dtypes, attrs):
     return [(shape[:a] + (n,) + shape[a + 1:], dtypes[0])]
 
 
-declare(name="narrow", doc="the len elements from start along axis (start < 0 counts from the end)",
-        inputs=(Input("x"),), infer=infer_narrow, shapes="narrow",
-        attrs=(Attr("axis", "int", sweep=(0, -1)), Attr("start", "int", sweep=(1, -3)),
-               Attr("len", "int", sweep=(0, 2))),
-        error_inputs=lambda: [("start past the end", [_x(4, 3)], {"axis": 0, "start": 5, "len": 0}),
-                              ("start + len past the end", [_x(4, 3)], {"axis": 0, "start": 2, "len": 3}),
-                              ("negative len", [_x(4, 3)], {"axis": 1, "start": 0, "len": -1}),
-                              ("axis out of range", [_x(4, 3)], {"axis": 2, "start": 0, "len": 1}),
-                              ("scalar input", [_x()], {"axis": 0, "start": 0, "len": 0})],
-        **LAYOUT)
+layout("narrow", "the len elements from start along axis (start < 0 counts from the end)",
+       inputs=(Input("x"),), infer=infer_narrow, shapes="narrow",
+       attrs=(Attr("axis", "int", sweep=(0, -1)), Attr("start", "int", sweep=(1, -3)),
+              Attr("len", "int", sweep=(0, 2))),
+       error_inputs=lambda: [("start past the end", [_x(4, 3)], {"axis": 0, "start": 5, "len": 0}),
+                             ("start + len past the end", [_x(4, 3)], {"axis": 0, "start": 2, "len": 3}),
+                             ("negative len", [_x(4, 3)], {"axis": 1, "start": 0, "len": -1}),
+                             ("axis out of range", [_x(4, 3)], {"axis": 2, "start": 0, "len": 1}),
+                             ("scalar input", [_x()], {"axis": 0, "start": 0, "len": 0})])
 
 
 def slice_indices(op: str, d: int, start: int, n: int, step: int) -> np.ndarray:
@@ -145,18 +163,17 @@ def infer_slice(spec, shapes, dtypes, attrs):
     return [(shape[:a] + (attrs["len"],) + shape[a + 1:], dtypes[0])]
 
 
-declare(name="slice", doc="out[i] = x[start + i*step] along axis for i < len (negative steps walk "
-        "backwards; start < 0 counts from the end; every read position must be in range)",
-        inputs=(Input("x"),), infer=infer_slice, shapes="slice",
-        attrs=(Attr("axis", "int", sweep=(0, -1)), Attr("start", "int", sweep=(0, -1)),
-               Attr("len", "int", sweep=(3,)), Attr("step", "int", sweep=(1, 2, -1, -3))),
-        error_inputs=lambda: [
-            ("reads past the end", [_x(4, 3)], {"axis": 0, "start": 1, "len": 3, "step": 2}),
-            ("negative step walks before 0", [_x(4, 3)], {"axis": 0, "start": 1, "len": 3, "step": -1}),
-            ("zero step", [_x(4, 3)], {"axis": 0, "start": 0, "len": 2, "step": 0}),
-            ("start before -size", [_x(4, 3)], {"axis": 1, "start": -4, "len": 1, "step": 1}),
-            ("axis out of range", [_x(4, 3)], {"axis": -3, "start": 0, "len": 1, "step": 1})],
-        **LAYOUT)
+layout("slice", "out[i] = x[start + i*step] along axis for i < len (negative steps walk "
+       "backwards; start < 0 counts from the end; every read position must be in range)",
+       inputs=(Input("x"),), infer=infer_slice, shapes="slice",
+       attrs=(Attr("axis", "int", sweep=(0, -1)), Attr("start", "int", sweep=(0, -1)),
+              Attr("len", "int", sweep=(3,)), Attr("step", "int", sweep=(1, 2, -1, -3))),
+       error_inputs=lambda: [
+           ("reads past the end", [_x(4, 3)], {"axis": 0, "start": 1, "len": 3, "step": 2}),
+           ("negative step walks before 0", [_x(4, 3)], {"axis": 0, "start": 1, "len": 3, "step": -1}),
+           ("zero step", [_x(4, 3)], {"axis": 0, "start": 0, "len": 2, "step": 0}),
+           ("start before -size", [_x(4, 3)], {"axis": 1, "start": -4, "len": 1, "step": 1}),
+           ("axis out of range", [_x(4, 3)], {"axis": -3, "start": 0, "len": 1, "step": 1})])
 
 
 # -- concat, expand ------------------------------------------------------------------------------
@@ -171,15 +188,14 @@ def infer_concat(spec, shapes, dtypes, attrs):
     return [(first[:a] + (sum(s[a] for s in shapes),) + first[a + 1:], dtypes[0])]
 
 
-declare(name="concat", doc="join the inputs along axis (one or more inputs)",
-        inputs=(Input("xs", variadic=True),), infer=infer_concat, shapes="concat",
-        attrs=(Attr("axis", "int", sweep=(0, -1)),),
-        error_inputs=lambda: [("rank mismatch", [_x(2, 3), _x(2, 3, 1)], {"axis": 0}),
-                              ("sizes differ off the axis", [_x(2, 3), _x(2, 4)], {"axis": 0}),
-                              ("mixed dtypes", [_x(2, 3), _x(2, 3, dtype="float64")], {"axis": 0}),
-                              ("axis out of range", [_x(2, 3), _x(2, 3)], {"axis": 2}),
-                              ("scalar inputs", [_x(), _x()], {"axis": 0})],
-        **LAYOUT)
+layout("concat", "join the inputs along axis (one or more inputs)",
+       inputs=(Input("xs", variadic=True),), infer=infer_concat, shapes="concat",
+       attrs=(Attr("axis", "int", sweep=(0, -1)),),
+       error_inputs=lambda: [("rank mismatch", [_x(2, 3), _x(2, 3, 1)], {"axis": 0}),
+                             ("sizes differ off the axis", [_x(2, 3), _x(2, 4)], {"axis": 0}),
+                             ("mixed dtypes", [_x(2, 3), _x(2, 3, dtype="float64")], {"axis": 0}),
+                             ("axis out of range", [_x(2, 3), _x(2, 3)], {"axis": 2}),
+                             ("scalar inputs", [_x(), _x()], {"axis": 0})])
 
 
 def infer_expand(spec, shapes, dtypes, attrs):
@@ -190,15 +206,14 @@ def infer_expand(spec, shapes, dtypes, attrs):
     return [(tuple(target), dtypes[0])]
 
 
-declare(name="expand", doc="broadcast x to target_shape (numpy broadcast_to)",
-        inputs=(Input("x"),), infer=infer_expand, shapes="expand",
-        attrs=(Attr("target_shape", "ints",
-                    sweep=((4, 3, 5), (2, 1, 3, 5), (5, 0), (2, 3))),),
-        error_inputs=lambda: [("not broadcastable", [_x(2, 3)], {"target_shape": (2, 4)}),
-                              ("target of lower rank", [_x(2, 3)], {"target_shape": (3,)}),
-                              ("negative target size", [_x(1, 3)], {"target_shape": (-1, 3)}),
-                              ("shrinks a dim to 0", [_x(2, 3)], {"target_shape": (0, 3)})],
-        **LAYOUT)
+layout("expand", "broadcast x to target_shape (numpy broadcast_to)",
+       inputs=(Input("x"),), infer=infer_expand, shapes="expand",
+       attrs=(Attr("target_shape", "ints",
+                   sweep=((4, 3, 5), (2, 1, 3, 5), (5, 0), (2, 3))),),
+       error_inputs=lambda: [("not broadcastable", [_x(2, 3)], {"target_shape": (2, 4)}),
+                             ("target of lower rank", [_x(2, 3)], {"target_shape": (3,)}),
+                             ("negative target size", [_x(1, 3)], {"target_shape": (-1, 3)}),
+                             ("shrinks a dim to 0", [_x(2, 3)], {"target_shape": (0, 3)})])
 
 
 # -- reverse, tile, trilu ------------------------------------------------------------------------
@@ -207,13 +222,12 @@ def infer_reverse(spec, shapes, dtypes, attrs):
     return [(shapes[0], dtypes[0])]
 
 
-declare(name="reverse", doc="flip the listed axes (empty list: no axis, the identity)",
-        inputs=(Input("x"),), infer=infer_reverse, shapes="reverse",
-        attrs=(Attr("axes", "ints", sweep=((0,), (-1,), (0, 2), (2, 0, 1))),),
-        error_inputs=lambda: [("axis out of range", [_x(2, 3)], {"axes": (2,)}),
-                              ("axis below -rank", [_x(2, 3)], {"axes": (-3,)}),
-                              ("repeated axis", [_x(2, 3)], {"axes": (0, -2)})],
-        **LAYOUT)
+layout("reverse", "flip the listed axes (empty list: no axis, the identity)",
+       inputs=(Input("x"),), infer=infer_reverse, shapes="reverse",
+       attrs=(Attr("axes", "ints", sweep=((0,), (-1,), (0, 2), (2, 0, 1))),),
+       error_inputs=lambda: [("axis out of range", [_x(2, 3)], {"axes": (2,)}),
+                             ("axis below -rank", [_x(2, 3)], {"axes": (-3,)}),
+                             ("repeated axis", [_x(2, 3)], {"axes": (0, -2)})])
 
 
 def infer_tile(spec, shapes, dtypes, attrs):
@@ -223,13 +237,12 @@ def infer_tile(spec, shapes, dtypes, attrs):
     return [(tuple(d * r for d, r in zip(shape, reps)), dtypes[0])]
 
 
-declare(name="tile", doc="repeat the whole array reps[i] times along axis i (ONNX Tile)",
-        inputs=(Input("x"),), infer=infer_tile, shapes="tile",
-        attrs=(Attr("reps", "ints", sweep=((3,), (2, 3), (1, 0), (2, 1, 3), ())),),
-        error_inputs=lambda: [("negative reps", [_x(2, 3)], {"reps": (2, -1)}),
-                              ("fewer reps than axes", [_x(2, 3)], {"reps": (2,)}),
-                              ("more reps than axes", [_x(2, 3)], {"reps": (1, 2, 3)})],
-        **LAYOUT)
+layout("tile", "repeat the whole array reps[i] times along axis i (ONNX Tile)",
+       inputs=(Input("x"),), infer=infer_tile, shapes="tile",
+       attrs=(Attr("reps", "ints", sweep=((3,), (2, 3), (1, 0), (2, 1, 3), ())),),
+       error_inputs=lambda: [("negative reps", [_x(2, 3)], {"reps": (2, -1)}),
+                             ("fewer reps than axes", [_x(2, 3)], {"reps": (2,)}),
+                             ("more reps than axes", [_x(2, 3)], {"reps": (1, 2, 3)})])
 
 
 def infer_trilu(spec, shapes, dtypes, attrs):
@@ -237,16 +250,15 @@ def infer_trilu(spec, shapes, dtypes, attrs):
     return [(shapes[0], dtypes[0])]
 
 
-declare(name="trilu", doc="ONNX Trilu over the last two axes: keep j - i >= diagonal (upper) or "
-        "j - i <= diagonal (lower), zero elsewhere",
-        inputs=(Input("x"),), infer=infer_trilu, shapes="trilu",
-        attrs=(Attr("upper", "bool", sweep=(False, True)),
-               Attr("diagonal", "int", default=0, sweep=(2, -1))),
-        error_inputs=lambda: [("rank 1", [_x(3)], {"upper": True}),
-                              ("scalar input", [_x()], {"upper": False}),
-                              ("non-bool upper", [_x(3, 3)], {"upper": 1}),
-                              ("missing upper", [_x(3, 3)], {})],
-        **LAYOUT)
+layout("trilu", "ONNX Trilu over the last two axes: keep j - i >= diagonal (upper) or "
+       "j - i <= diagonal (lower), zero elsewhere",
+       inputs=(Input("x"),), infer=infer_trilu, shapes="trilu",
+       attrs=(Attr("upper", "bool", sweep=(False, True)),
+              Attr("diagonal", "int", default=0, sweep=(2, -1))),
+       error_inputs=lambda: [("rank 1", [_x(3)], {"upper": True}),
+                             ("scalar input", [_x()], {"upper": False}),
+                             ("non-bool upper", [_x(3, 3)], {"upper": 1}),
+                             ("missing upper", [_x(3, 3)], {})])
 
 
 # -- pad -----------------------------------------------------------------------------------------
@@ -284,19 +296,18 @@ def infer_pad(spec, shapes, dtypes, attrs):
     return [(tuple(d + pads[a] + pads[a + r] for a, d in enumerate(shape)), t)]
 
 
-declare(name="pad", doc="pad each axis: constant(value) | reflect (mirror, edge not repeated) | "
-        "replicate (edge value) | circular (wrap around)",
-        inputs=(Input("x"),), infer=infer_pad, shapes="pad",
-        attrs=(Attr("pads", "ints", sweep=((2, 3), (1, 0, 0, 2), (0, 2, 1, 1, 0, 2))),
-               Attr("mode", "enum", default="constant", choices=PAD_MODES, sweep=PAD_MODES),
-               Attr("value", "float", default=0.0, sweep=(0.0, -2.0, math.nan))),
-        error_inputs=lambda: [
-            ("negative pad", [_x(3, 4)], {"pads": (1, -1, 0, 0)}),
-            ("pads not 2*rank values", [_x(3, 4)], {"pads": (1, 1)}),
-            ("unknown mode", [_x(3, 4)], {"pads": (1, 1, 1, 1), "mode": "symmetric"}),
-            ("reflect pad >= axis size", [_x(3, 4)], {"pads": (3, 0, 0, 0), "mode": "reflect"}),
-            ("value not exact in int8", [_x(3, dtype="int8")], {"pads": (1, 1), "value": 300.0})],
-        **LAYOUT)
+layout("pad", "pad each axis: constant(value) | reflect (mirror, edge not repeated) | "
+       "replicate (edge value) | circular (wrap around)",
+       inputs=(Input("x"),), infer=infer_pad, shapes="pad",
+       attrs=(Attr("pads", "ints", sweep=((2, 3), (1, 0, 0, 2), (0, 2, 1, 1, 0, 2))),
+              Attr("mode", "enum", default="constant", choices=PAD_MODES, sweep=PAD_MODES),
+              Attr("value", "float", default=0.0, sweep=(0.0, -2.0, math.nan))),
+       error_inputs=lambda: [
+           ("negative pad", [_x(3, 4)], {"pads": (1, -1, 0, 0)}),
+           ("pads not 2*rank values", [_x(3, 4)], {"pads": (1, 1)}),
+           ("unknown mode", [_x(3, 4)], {"pads": (1, 1, 1, 1), "mode": "symmetric"}),
+           ("reflect pad >= axis size", [_x(3, 4)], {"pads": (3, 0, 0, 0), "mode": "reflect"}),
+           ("value not exact in int8", [_x(3, dtype="int8")], {"pads": (1, 1), "value": 300.0})])
 
 
 # -- gather --------------------------------------------------------------------------------------
@@ -340,14 +351,13 @@ def _gather_errors():
             ("axis out of range", [x, np.array([0], np.int64)], {"axis": 2})]
 
 
-declare(name="gather", doc="ONNX Gather: out = take(x, indices, axis); indices int32/int64 in "
-        "[-s, s-1], negative from the end, out of range is an error",
-        inputs=(Input("x"), Input("indices", dtypes=INDEX_DTYPES, role="index")),
-        infer=infer_gather, shapes="gather", attrs=(Attr("axis", "int", default=0, sweep="axis"),),
-        generate=gen_gather, error_inputs=_gather_errors,
-        check_values=lambda inputs, attrs: check_indices(
-            "gather", inputs[1], inputs[0].shape[attrs["axis"] % inputs[0].ndim]),
-        **LAYOUT)
+layout("gather", "ONNX Gather: out = take(x, indices, axis); indices int32/int64 in "
+       "[-s, s-1], negative from the end, out of range is an error",
+       inputs=(Input("x"), Input("indices", dtypes=INDEX_DTYPES, role="index")),
+       infer=infer_gather, shapes="gather", attrs=(Attr("axis", "int", default=0, sweep="axis"),),
+       generate=gen_gather, error_inputs=_gather_errors,
+       check_values=lambda inputs, attrs: check_indices(
+           "gather", inputs[1], inputs[0].shape[attrs["axis"] % inputs[0].ndim]))
 
 
 # -- scatter_add ---------------------------------------------------------------------------------
@@ -370,23 +380,6 @@ def gen_scatter_add(stream, shapes, dtype, attrs, vals):
     m = attrs["out_dim"]
     idx = stream(1).integers(idx_shape[0], -m, m - 1) if m else np.zeros(0, np.int64)
     return [upd, idx.astype(idt).reshape(idx_shape)]
-
-
-def scatter_add_bound(inputs, attrs, out_dtype):
-    """Each output row sums the m updates aimed at it, in an order the backend chooses (GPU
-    atomics: any order): 2*gamma_(m-1)*sum|u| per element. Where sum|u| overflows the compute
-    dtype the result depends on the order (unasserted, NaN)."""
-    upd, idx = inputs
-    m = attrs["out_dim"]
-    rows = np.where(idx < 0, idx + m, idx).astype(np.int64)
-    u = np.abs(upd.astype(np.float64))
-    a = np.zeros((m,) + upd.shape[1:])
-    # Infinite or NaN updates give the same non-finite sum in any order (compared as such)
-    np.add.at(a, rows, np.where(np.isfinite(u), u, 0.0))
-    cnt = np.bincount(rows, minlength=m).reshape((m,) + (1,) * (upd.ndim - 1))
-    cdt = dt.compute_dtype(out_dtype)
-    b = 2 * gamma(np.maximum(cnt - 1, 0), dt.finfo(cdt).unit_roundoff) * a
-    return np.where(a > dt.finfo(cdt).max, np.nan, b)
 
 
 def _scatter_errors():

@@ -1,34 +1,53 @@
-"""Signal, random, quantization and loss (OPS.md "Signal, random, quantization, loss"): fft,
-rng_uniform, rng_normal, quantize, dequantize, fake_quantize, softmax_cross_entropy.
+"""Signal, random, quantization and loss (docs/ops.md): fft, rng_uniform, rng_normal, quantize,
+dequantize, fake_quantize, softmax_cross_entropy.
 
-Judging: fft by a normwise error bound of the FFT (Higham, *Accuracy and Stability of Numerical
-Algorithms*, 2nd ed., sec. 24.1), the random ops by distribution tests (their streams differ
-between libraries by design; judges in rlx_conformance/judge/bounds/stats.py), quantization bit-exactly
+Semantics: complex data is a trailing (real, imag) axis of size 2. The random ops draw a sample
+of the ``shape`` attribute from a uint32 key of shape (2,); the stream is the backend's, so only
+the distribution is specified. Quantization follows ONNX QuantizeLinear/DequantizeLinear
+(round half to even, saturate to int8/uint8) with per-tensor or per-axis parameters; a NaN input
+of quantize has no defined result. The loss takes probability targets of the logits' shape.
+
+Judging (judge/bounds/signal.py, judge/bounds/stats.py): fft by a normwise error bound of the FFT
+(Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., sec. 24.1), the random ops by
+distribution tests (their streams differ between libraries by design), quantization bit-exactly
 except where the quotient x/scale lies within rounding error of a half-integer, the loss by a
 log-sum-exp and summation bound.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds import stats as _stats
-from rlx_conformance.ops.reduce import gamma
+from rlx_conformance.judge.bounds.signal import (
+    fake_quantize_bound,
+    fft_bound,
+    param_view,
+    quantize_check,
+    xent_bound,
+)
 from rlx_conformance.spec import infer
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.spec.registry import (
+    Attr,
+    CheckValues,
+    ErrorInputs,
+    Input,
+    OpSpec,
+    Policy,
+    declaration_helper,
+    declare,
+)
 from rlx_conformance.spec.values import make_array, specials
 
 FLOATS = dt.FLOATS
 
 
-def _u(dtype: str) -> float:
-    return dt.finfo(dt.compute_dtype(dtype)).unit_roundoff
-
-
-# Error inputs (validate's error-input parity; OPS.md "Error inputs"): (description, inputs,
+# Error inputs (validate's error-input parity; docs/ops.md): (description, inputs,
 # attrs) that every backend must reject.
 def _f32(*shape: int) -> np.ndarray:
     return np.ones(shape, np.float32)
@@ -42,42 +61,6 @@ def infer_fft(spec, shapes, dtypes, attrs):
     if shape[-2] < 1:
         raise SpecError(f"{spec.name}: transform length must be >= 1, got {shape[-2]}")
     return [(shape, dtypes[0])]
-
-
-def fft_stages(n: int) -> int:
-    """Depth of the FFT's error analysis. Lengths whose prime factors are <= 7 run as mixed-radix
-    Cooley-Tukey: at most ceil(log2 n) stages. Other lengths go through Bluestein's algorithm: a
-    forward and an inverse FFT of a length m >= 2n - 1 plus two chirp products, 3 ceil(log2 m) + 4
-    stages of the same kind (a conservative count)."""
-    k = n
-    for p in (2, 3, 5, 7):
-        while k % p == 0:
-            k //= p
-    if k == 1:
-        return max(1, math.ceil(math.log2(n))) if n > 1 else 1
-    return 3 * math.ceil(math.log2(2 * n - 1)) + 4
-
-
-def fft_bound(inputs, attrs, out_dtype):
-    """Higham Thm 24.2: a computed FFT satisfies ||y^ - y||_2 <= L eta / (1 - L eta) ||y||_2 with L
-    stages and eta = mu + gamma_4 (sqrt2 + mu) ~ 7u (mu: twiddle error ~ u). ||y||_2 =
-    s sqrt(n) ||x||_2 (Parseval, s the norm scale), and each element's error is at most the error
-    vector's 2-norm; the scaling adds one rounding. Two implementations differ by twice that.
-    Rows with a non-finite input, or whose result may overflow, are unasserted (NaN)."""
-    (x,) = inputs
-    n = x.shape[-2]
-    u = _u(out_dtype)
-    x64 = x.astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        norm = np.sqrt(np.sum(x64 * x64, axis=(-2, -1), keepdims=True))
-    s = {"backward": (1.0, 1.0 / n), "ortho": (n**-0.5, n**-0.5), "forward": (1.0 / n, 1.0)}
-    scale = s[attrs["norm"]][1 if attrs["inverse"] else 0]
-    le = fft_stages(n) * 7 * u
-    rel = le / (1 - le) + u if le < 1 else np.inf
-    ynorm = scale * math.sqrt(n) * norm
-    big = dt.finfo(dt.compute_dtype(out_dtype)).max
-    bad = ~np.isfinite(norm) | (math.sqrt(n) * norm > big)
-    return np.broadcast_to(np.where(bad, np.nan, 2 * rel * ynorm), x.shape)
 
 
 declare(name="fft", family="signal", doc="1-D DFT along the axis before the trailing (real, imag) "
@@ -111,7 +94,6 @@ def infer_rng(spec, shapes, dtypes, attrs):
 
 
 _SHAPE = Attr("shape", "ints", sweep=((100003,), (257, 389), (5,)), doc="output shape")
-_RNG = dict(family="random", dtypes=FLOATS, infer=infer_rng, shapes="rng", values=("random",))
 _KEY = Input("key", dtypes=("uint32",), role="key", domain="rng_key")
 
 
@@ -139,19 +121,25 @@ def _uniform_errors():
                              {"shape": (2,)})]
 
 
-declare(name="rng_uniform", doc="uniform on [low, high) (low < high), elementwise parameters "
-        "broadcast to shape; the stream is the backend's, fixed by the key",
-        inputs=(Input("low", domain="rng_low"), Input("high", domain="rng_high"), _KEY),
-        attrs=(_SHAPE,), policy=Policy(check=_stats.uniform_check,
-                                        check_reason=_stats.REASON),
-        check_values=check_uniform, error_inputs=_uniform_errors, **_RNG)
+@declaration_helper
+def rng(name: str, doc: str, *, params: tuple[Input, Input], check: Callable[..., list[Any]],
+        error_inputs: ErrorInputs, check_values: CheckValues | None = None) -> OpSpec:
+    """A random op: two float parameters broadcast to the ``shape`` attribute, a uint32 key;
+    judged by distribution tests (judge/bounds/stats.py), since library streams differ."""
+    return declare(name=name, family="random", doc=doc, inputs=params + (_KEY,), dtypes=FLOATS,
+                   attrs=(_SHAPE,), infer=infer_rng, shapes="rng", values=("random",),
+                   policy=Policy(check=check, check_reason=_stats.REASON),
+                   check_values=check_values, error_inputs=error_inputs)
 
-declare(name="rng_normal", doc="mean + scale * N(0, 1), elementwise parameters broadcast to "
-        "shape; the stream is the backend's, fixed by the key",
-        inputs=(Input("mean"), Input("scale", domain="rng_scale"), _KEY),
-        attrs=(_SHAPE,), policy=Policy(check=_stats.normal_check,
-                                        check_reason=_stats.REASON),
-        error_inputs=_rng_errors, **_RNG)
+
+rng("rng_uniform", "uniform on [low, high) (low < high), elementwise parameters broadcast to "
+    "shape; the stream is the backend's, fixed by the key",
+    params=(Input("low", domain="rng_low"), Input("high", domain="rng_high")),
+    check=_stats.uniform_check, check_values=check_uniform, error_inputs=_uniform_errors)
+rng("rng_normal", "mean + scale * N(0, 1), elementwise parameters broadcast to shape; the stream "
+    "is the backend's, fixed by the key",
+    params=(Input("mean"), Input("scale", domain="rng_scale")),
+    check=_stats.normal_check, error_inputs=_rng_errors)
 
 
 # -- quantization --------------------------------------------------------------------------------
@@ -186,16 +174,6 @@ def infer_dequantize(spec, shapes, dtypes, attrs):
     if dtypes[0] != dtypes[2]:
         raise SpecError(f"{spec.name}: zero_point is {dtypes[2]}, x is {dtypes[0]}")
     return [(x, dtypes[1])]
-
-
-def param_view(p, ndim: int, axis: int):
-    """A per-tensor or per-axis parameter shaped to broadcast against an array of rank ndim (a
-    numpy or an mlx array: both backends' quantize kernels use it)."""
-    if p.ndim == 0:
-        return p
-    shape = [1] * ndim
-    shape[axis % ndim] = p.shape[0]
-    return p.reshape(shape)
 
 
 def _scales(stream, n: int, dtype: str) -> np.ndarray:
@@ -258,43 +236,6 @@ def gen_dequantize(stream, shapes, dtype, attrs, vals):
     return [x, scale, zp]
 
 
-def quotient_ties(x: np.ndarray, scale: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(exact, near): where x/scale is exactly a half-integer (the rounding rule decides, strictly
-    judged), and where it is within 4 units of rounding of one without being one (x/scale computed
-    as a division or as x * (1/scale) may round to either neighbour)."""
-    x64 = x.astype(np.float64)
-    s64 = np.asarray(scale, np.float64)
-    with np.errstate(all="ignore"):
-        r = x64 / s64
-        k = np.floor(r)
-        exact = np.isfinite(r) & ((k + 0.5) * s64 == x64)  # float products are exact in float64
-        near = np.isfinite(r) & (np.abs(r - (k + 0.5)) <= 4 * _u(dtype) * np.abs(r)) & ~exact
-    return exact, near
-
-
-def quantize_check(inputs, attrs, expected, actual):
-    """Bit-exact, except: NaN inputs are undefined (a NaN has no integer), and at a near tie of
-    x/scale the result may be either neighbour (one quantum apart)."""
-    from rlx_conformance.judge.compare import Comparison
-
-    x, scale, _ = inputs
-    (e,), (a,) = expected, actual
-    if e.shape != a.shape or e.dtype != a.dtype:
-        return [Comparison(False, message=f"output: {a.dtype}{a.shape} != expected {e.dtype}{e.shape}")]
-    s = param_view(scale, x.ndim, attrs["axis"])
-    _, near = quotient_ties(x, s, dt.name_of(x.dtype))
-    diff = np.abs(e.astype(np.int64) - a.astype(np.int64))
-    skip = np.isnan(x.astype(np.float64))
-    bad = ~skip & ((diff > 1) | ((diff == 1) & ~near))
-    res = Comparison(not bad.any(), max_abs_err=float(diff[~skip].max(initial=0)),
-                     mismatches=int(bad.sum()), checked=int((~skip).sum()))
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        res.message = (f"output: {res.mismatches}/{e.size} elements differ; first at flat {i}: "
-                       f"x={x.flat[i]!r}, expected {e.flat[i]}, got {a.flat[i]}")
-    return [res]
-
-
 _AXIS_Q = Attr("axis", "int", default=-1, sweep=(0, -1), doc="axis of per-axis parameters")
 
 declare(name="quantize", family="quantize", doc="ONNX QuantizeLinear: saturate(round_half_even("
@@ -335,26 +276,6 @@ def infer_fake_quantize(spec, shapes, dtypes, attrs):
         raise SpecError(f"{spec.name}: needs rank >= 1 (per-axis scales)")
     infer.norm_axis(spec.name, attrs["axis"], len(shape))
     return [(shape, dtypes[0])]
-
-
-def fake_quantize_scale(x: np.ndarray, bits: int, axis: int) -> np.ndarray:
-    """Per-slice scale amax / qmax (in x's dtype), amax = max |x| over every axis but ``axis``."""
-    others = tuple(a for a in range(x.ndim) if a != axis % x.ndim)
-    amax = np.max(np.abs(x), axis=others, keepdims=True) if x.size else np.zeros((1,) * x.ndim, x.dtype)
-    return (amax / x.dtype.type(2 ** (bits - 1) - 1)).astype(x.dtype)
-
-
-def fake_quantize_bound(inputs, attrs, out_dtype):
-    """Where x/scale is within rounding error of a half-integer, the result may be either of two
-    grid points one scale apart; elsewhere the tolerance covers scale's and the product's
-    roundings."""
-    (x,) = inputs
-    c = dt.compute_dtype(out_dtype)
-    xc = x.astype(dt.np_dtype(c))
-    with np.errstate(all="ignore"):
-        s = fake_quantize_scale(xc, attrs["bits"], attrs["axis"]).astype(np.float64)
-        exact, near = quotient_ties(xc, s, out_dtype)
-        return np.where(near, np.broadcast_to(s, x.shape), 0.0)
 
 
 declare(name="fake_quantize", family="quantize", doc="symmetric per-axis quantize-dequantize: "
@@ -398,30 +319,6 @@ def gen_xent(stream, shapes, dtype, attrs, vals):
     soft = w / np.where(w.sum(-1, keepdims=True) > 0, w.sum(-1, keepdims=True), 1.0)
     t = np.where(st.coin(rows)[:, None], hot, soft)
     return [logits, t.reshape(shape).astype(dt.np_dtype(dtype))]
-
-
-def xent_bound(inputs, attrs, out_dtype):
-    """loss = sum_c t_c (lse - l_c), lse = m + log sum exp(l - m). The exps (a few u each), their
-    sum (gamma_C) and the log put (C + 3)u + 2u|lse| + u|m| on lse; the products and the final sum
-    add gamma_(C+2) times sum |t| |lse - l|, and the algebraically equal form lse sum t - sum t l
-    gamma_(C+2) (|lse| sum|t| + sum |t l|). Twice the sum bounds two implementations. Rows with a
-    non-finite input, or logits near the overflow threshold, are unasserted (NaN)."""
-    logits, t = (a.astype(np.float64) for a in inputs)
-    c = logits.shape[-1]
-    u = _u(out_dtype)
-    big = dt.finfo(dt.compute_dtype(out_dtype)).max
-    with np.errstate(all="ignore"):
-        m = np.max(logits, axis=-1, keepdims=True)
-        lse = m + np.log(np.sum(np.exp(logits - m), axis=-1, keepdims=True))
-        at = np.abs(t)
-        st = at.sum(-1)
-        g = gamma(c + 2, u)
-        b = (st * ((c + 3) * u + 2 * u * np.abs(lse[..., 0]) + u * np.abs(m[..., 0]))
-             + g * (np.sum(at * np.abs(lse - logits), -1) + np.abs(lse[..., 0]) * st
-                    + np.sum(at * np.abs(logits), -1)))
-        bad = ~np.all(np.isfinite(logits) & np.isfinite(t), axis=-1) | \
-            (np.max(np.abs(logits), axis=-1, initial=0.0) > big / 4)
-    return np.where(bad, np.nan, 2 * b)
 
 
 declare(name="softmax_cross_entropy", family="loss", doc="per row (last axis = classes): "

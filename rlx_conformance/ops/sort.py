@@ -1,4 +1,4 @@
-"""Sort and selection (OPS.md "Reductions and scans": sort, arg_sort, top_k).
+"""Sort and selection (docs/ops.md): sort, arg_sort, top_k.
 
 Order: ascending puts NaN last; descending is its mirror, NaN first (NaN ranks above +inf, as in
 top_k). -0 and +0 are equal keys. Every order is stable: equal keys keep their input order, also
@@ -13,15 +13,31 @@ import numpy as np
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.spec import infer
-from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.spec.registry import (
+    Attr,
+    ErrorInputs,
+    Infer,
+    Input,
+    OpSpec,
+    Policy,
+    declaration_helper,
+    declare,
+)
 
 EXACT = Policy(exact=True, signed_zero=True)
 _AXIS = Attr("axis", "int", default=-1, sweep=(0, -1))
 _DESC = Attr("descending", "bool", default=False, sweep=(False, True))
-# "special" draws half of each input from the domain (many ties) and half from the specials
-# (NaN, +-inf, +-0, subnormals, extremes): ties, NaN order and signed zeros in one case.
-COMMON = dict(family="sort", dtypes=dt.ALL, shapes="sort", low_precision="native",
-              policy=EXACT, values=("special",))
+
+
+@declaration_helper
+def sort_op(name: str, doc: str, *, attrs: tuple[Attr, ...], infer: Infer,
+            error_inputs: ErrorInputs) -> OpSpec:
+    """One input ``x`` of any dtype, values only moved: bit-exact, kept in their dtype.
+    "special" draws half of each input from the domain (many ties) and half from the specials
+    (NaN, +-inf, +-0, subnormals, extremes): ties, NaN order and signed zeros in one case."""
+    return declare(name=name, family="sort", doc=doc, inputs=(Input("x", domain="sort"),),
+                   dtypes=dt.ALL, attrs=attrs, infer=infer, shapes="sort", values=("special",),
+                   policy=EXACT, low_precision="native", error_inputs=error_inputs)
 
 
 def infer_sort(spec, shapes, dtypes, attrs):
@@ -49,21 +65,15 @@ def infer_top_k(spec, shapes, dtypes, attrs):
     return [(out, dtypes[0]), (out, "int64")]
 
 
-declare(name="sort", doc="sorted copy along axis (stable; NaN last ascending, first descending)",
-        inputs=(Input("x", domain="sort"),), attrs=(_AXIS, _DESC), infer=infer_sort,
-        error_inputs=_sort_errors, **COMMON)
-
-declare(name="arg_sort", doc="int64 indices that stably sort x along axis (NaN last ascending, "
-        "first descending)", inputs=(Input("x", domain="sort"),), attrs=(_AXIS, _DESC),
-        infer=infer_sort, error_inputs=_sort_errors, **COMMON)
-
-declare(name="top_k", doc="the k largest along the last axis, descending: values and int64 "
-        "indices; ties go to the smaller index; NaN ranks above +inf",
-        inputs=(Input("x", domain="sort"),), attrs=(Attr("k", "int", sweep=(1, 5)),),
-        infer=infer_top_k,
+sort_op("sort", "sorted copy along axis (stable; NaN last ascending, first descending)",
+        attrs=(_AXIS, _DESC), infer=infer_sort, error_inputs=_sort_errors)
+sort_op("arg_sort", "int64 indices that stably sort x along axis (NaN last ascending, first "
+        "descending)", attrs=(_AXIS, _DESC), infer=infer_sort, error_inputs=_sort_errors)
+sort_op("top_k", "the k largest along the last axis, descending: values and int64 indices; ties "
+        "go to the smaller index; NaN ranks above +inf",
+        attrs=(Attr("k", "int", sweep=(1, 5)),), infer=infer_top_k,
         error_inputs=lambda: [("k past the last axis", [np.ones((2, 3), np.float32)], {"k": 4}),
                               ("negative k", [np.ones((2, 3), np.float32)], {"k": -1}),
                               ("scalar input", [np.ones((), np.float32)], {"k": 1}),
                               ("axis attribute (top_k is along the last axis)",
-                               [np.ones((2, 3), np.float32)], {"k": 1, "axis": 0})],
-        **COMMON)
+                               [np.ones((2, 3), np.float32)], {"k": 1, "axis": 0})])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from rlx_conformance.core.results import BAD, OUTCOMES, atomic_write_text
+from rlx_conformance.core.results import OUTCOMES, RUN_FAILING, atomic_write_text
 from rlx_conformance.report import plots, stats
 from rlx_conformance.report.diff import Diff
 from rlx_conformance.report.lockfile import LockCheck
@@ -184,7 +184,10 @@ def divergences(cases: list[Record]) -> list[dict]:
         e["counts"][r["outcome"]] += 1
         e["ops"].add(r["op"])
         e["dtypes"].add(r["dtype"])
-    out = sorted(entries.values(), key=lambda e: (e["entry"] is None, e["entry"] or 0))
+    # by key; a results.json from before entries had keys names them by position (a number)
+    out = sorted(entries.values(), key=lambda e: (e["entry"] is None, isinstance(e["entry"], str),
+                                                  e["entry"] if isinstance(e["entry"], int) else 0,
+                                                  str(e["entry"])))
     for e in out:
         e["ops"], e["dtypes"] = sorted(e["ops"]), sorted(e["dtypes"], key=_dtype_sort)
     return out
@@ -269,7 +272,9 @@ def exhaustive_view(doc: dict | None) -> dict | None:
         worst_in = [f"{w.get('input')}" + (f" ({fmt(w['ulp'])} ulp)" if w.get("ulp") is not None else "")
                     for w in (r.get("worst") or [])[:3]]
         if o == "xfail" and div:
-            note = f"#{div.get('entry')} ({div.get('category')}): {div.get('reason') or ''}"
+            entry = div.get("entry")
+            name = entry if isinstance(entry, str) else f"#{entry}"  # a position, before entries had keys
+            note = f"{name} ({div.get('category')}): {div.get('reason') or ''}"
         else:
             note = (r.get("message") or "").splitlines()[0] if r.get("message") else ""
         rows.append({"key": (rank.get(o, len(rank)), i), "op": r.get("op"), "dtype": r.get("dtype"),
@@ -390,7 +395,7 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
         "title": f"rlx-conformance report — {report.run.get('start', report.path.parent.name)}",
         "source": str(report.path), "run": report.run, "meta": meta_rows, "tf32": tf32,
         "targets": targets, "summary": summary, "total": sum(summary.values()),
-        "bad_total": sum(summary[o] for o in BAD), "bad_outcomes": BAD, "outcomes": OUTCOMES,
+        "bad_total": sum(summary[o] for o in RUN_FAILING), "bad_outcomes": RUN_FAILING, "outcomes": OUTCOMES,
         "colors": {o: plots.OUTCOME_COLORS.get(o, plots.UNKNOWN_COLOR) for o in (*OUTCOMES, *seen_outcomes)},
         "warnings": report.run.get("warnings") or [],
         "per_target": {t: [(o, c[o]) for o in OUTCOMES if c.get(o)] for t, c in per_target.items()},

@@ -3,7 +3,11 @@ over passing cases, committed so that accuracy can only ratchet: a run whose err
 lock is a regression, a run whose errors shrank well below it proposes tighter entries. Loosening
 an entry takes a reason (by hand, or ``--update-lock --lock-reason TEXT``); tightening and adding
 entries do not. The tolerances in cases/tolerances.toml say what passes; the lock says what this
-backend has been seen to do, which is usually much better, and catches drift inside tolerance."""
+backend has been seen to do, which is usually much better, and catches drift inside tolerance.
+
+The file lists the targets it covers and only the groups that are not bit-exact: every group of a
+covered target is locked at 0 ULP and 0 relative error unless a line says otherwise, and a line
+keyed by backend-device ("exp/float32/mlx-cpu") stands for every covered mode of it."""
 from __future__ import annotations
 
 import json
@@ -29,19 +33,29 @@ HEADER = """\
 # cases. Written by `rlx-conformance nightly --update-lock` (or `diff ... --update-lock`); this
 # header is rewritten with the file.
 #
-# Format: one line per group under [lock], keyed "op/dtype/backend-device-mode[-variant]":
-#   "exp/float32/mlx-cpu-compiled" = { max_ulp = 14.0, max_rel_err = 8.3e-07 }
-#   "sum/float32/mlx-gpu-lazy" = { max_ulp = 9.0, max_rel_err = 1e-06, reason = "why looser" }
-# max_ulp: the largest max_ulp of the group's passing cases; max_rel_err likewise. A metric that
-# is absent is not checked.
+# Format. `targets` lists the targets the lock covers. Every (op, dtype) group of a covered
+# target is locked at max_ulp = 0 and max_rel_err = 0 (bit-exact against the reference) unless
+# a line under [lock.groups] says otherwise; groups of other targets are not locked (a run
+# lists them as unlocked, and --update-lock adds their targets). A line is keyed
+# "op/dtype/backend-device" when every covered mode of that backend-device has the same
+# values, else "op/dtype/backend-device-mode[-variant]" for one target (a one-target line
+# overrides a backend-device line of the same group; a line of a target not in `targets` locks
+# that group alone). {for_example}:
+{examples}
+# max_ulp: the largest max_ulp of the group's passing cases; max_rel_err likewise. A metric a
+# line leaves out is not checked. A line may carry `reason = "why looser"`.
 #
 # Checks (nightly, diff, report): a passing case's error above its group's locked value is a
 # lock violation, which fails the nightly. Errors at or below half the locked value (and, for
 # ULP, at least 1 ULP below) are proposed as tighter entries; --update-lock writes those and
-# adds groups the lock lacks, and never loosens an entry unless given --lock-reason TEXT, which
-# it stores as the entry's `reason`. Loosening by hand: raise the value and add a `reason`.
-# Groups a run did not cover are left as they are.
+# adds the targets the lock lacks (run it on a complete run: a covered target's groups that no
+# run has shown are locked at 0), and never loosens an entry unless given --lock-reason TEXT,
+# which it stores as the entry's `reason`. Loosening by hand: add or raise a line and give it a
+# `reason`. Groups a run did not cover are left as they are.
 """
+# Shown in the header when the lock has no line of that kind to quote.
+_EXAMPLES = ('"exp/float32/mlx-cpu" = { max_ulp = 1.0, max_rel_err = 1.2e-07 }',
+             '"fft/float32/mlx-cpu-compiled" = { max_ulp = 3.0, max_rel_err = 30.4 }')
 
 
 @dataclass
@@ -54,34 +68,97 @@ class Entry:
         return getattr(self, metric)
 
 
-Lock = dict[GroupKey, Entry]
+def zero() -> Entry:
+    """The locked values of a covered group the file has no line for: bit-exact."""
+    return Entry(max_ulp=0.0, max_rel_err=0.0)
+
+
+# What a run showed per group (observe); a lock's entries have the same form.
+Observed = dict[GroupKey, Entry]
+
+
+def backend_device(target: str) -> str:
+    """"mlx-cpu" of "mlx-cpu-lazy" (or of "mlx-gpu-lazy-tf32:off")."""
+    return "-".join(target.split("-")[:2])
+
+
+@dataclass
+class Lock:
+    """A tolerance lock: the covered targets (whose groups default to :func:`zero`) and the
+    groups with other values, one entry per (op, dtype, target)."""
+
+    targets: set[str] = field(default_factory=set)
+    entries: dict[GroupKey, Entry] = field(default_factory=dict)
+
+    def get(self, key: GroupKey) -> Entry | None:
+        """The group's locked values; None when the lock does not cover the group."""
+        e = self.entries.get(key)
+        if e is None and key[2] in self.targets:
+            return zero()
+        return e
+
+    def __getitem__(self, key: GroupKey) -> Entry:
+        e = self.get(key)
+        if e is None:
+            raise KeyError(key_str(key))
+        return e
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and self.get(key) is not None  # type: ignore[arg-type]
+
+    def normalized(self) -> Lock:
+        """The same lock without entries equal to the default (what the file keeps)."""
+        return Lock(set(self.targets), {k: e for k, e in self.entries.items()
+                                         if not (k[2] in self.targets and e == zero())})
 
 
 def default_path() -> Path:
     return data.data_path(LOCK_NAME)
 
 
+def _expand(path: Path, key: str, targets: set[str]) -> list[GroupKey]:
+    """The groups a line's key stands for: one target's, or those of every covered mode of a
+    backend-device."""
+    op, _, rest = key.partition("/")
+    dtype, _, where = rest.partition("/")
+    if op and dtype and where.count("-") == 1:
+        keys = [(op, dtype, t) for t in sorted(targets) if backend_device(t) == where]
+        if not keys:
+            raise RlxError(f"{path}: line {key!r}: no target of {where} in targets")
+        return keys
+    return [parse_key(key)]
+
+
 def load(path: Path | None = None) -> Lock:
     """The lock at ``path`` (default cases/tolerance_lock.toml); an absent file is an empty lock."""
     path = Path(path) if path is not None else default_path()
     if not path.is_file():
-        return {}
+        return Lock()
     try:
         with path.open("rb") as f:
             raw = tomllib.load(f).get("lock", {})
     except tomllib.TOMLDecodeError as e:
         raise RlxError(f"{path}: {e}") from None
-    lock: Lock = {}
-    for k, v in raw.items():
+    if set(raw) - {"targets", "groups"}:
+        raise RlxError(f"{path}: [lock] holds targets and [lock.groups] only, not "
+                       f"{', '.join(sorted(set(raw) - {'targets', 'groups'}))}")
+    targets = raw.get("targets", [])
+    if not isinstance(targets, list) or not all(isinstance(t, str) and t.count("-") in (2, 3) for t in targets):
+        raise RlxError(f"{path}: targets must be a list of backend-device-mode[-variant]")
+    lock = Lock(targets=set(targets))
+    # backend-device lines first, so that a one-target line of the same group overrides them
+    lines = sorted(raw.get("groups", {}).items(), key=lambda kv: kv[0].rpartition("/")[2].count("-") != 1)
+    for k, v in lines:
         if not isinstance(v, dict) or set(v) - {*METRICS, "reason"}:
             raise RlxError(f"{path}: entry {k!r} must be a table of {', '.join(METRICS)} and reason")
-        lock[parse_key(k)] = Entry(**{m: float(v[m]) for m in METRICS if m in v}, reason=v.get("reason"))
+        for key in _expand(path, k, lock.targets):
+            lock.entries[key] = Entry(**{m: float(v[m]) for m in METRICS if m in v}, reason=v.get("reason"))
     return lock
 
 
-def observe(cases: list[Record]) -> Lock:
+def observe(cases: list[Record]) -> Observed:
     """The worst errors of each group's passing cases, in lock form."""
-    out: Lock = {}
+    out: Observed = {}
     for key, d in distributions(cases).items():
         if d.max is not None or d.max_rel is not None:
             out[key] = Entry(max_ulp=d.max, max_rel_err=d.max_rel)
@@ -120,7 +197,7 @@ def _tighter(metric: str, locked: float, seen: float) -> bool:
     return seen <= locked / SHRINK and locked - seen >= slack and seen < locked
 
 
-def check(lock: Lock, observed: Lock, path: str | Path = "") -> LockCheck:
+def check(lock: Lock, observed: Observed, path: str | Path = "") -> LockCheck:
     chk = LockCheck(path=str(path))
     for key, seen in sorted(observed.items()):
         entry = lock.get(key)
@@ -147,41 +224,83 @@ def check(lock: Lock, observed: Lock, path: str | Path = "") -> LockCheck:
 
 
 def updated(lock: Lock, chk: LockCheck, reason: str | None = None) -> tuple[Lock, int]:
-    """The lock with the check's proposals applied: tighter values and unlocked groups always,
-    looser values (violations) only with a reason, which the entry then carries. Returns the new
-    lock and how many violations were refused for want of a reason."""
-    new = {k: Entry(e.max_ulp, e.max_rel_err, e.reason) for k, e in lock.items()}
+    """The lock with the check's proposals applied: tighter values and unlocked groups always
+    (an unlocked group's target joins the covered targets), looser values (violations) only with
+    a reason, which the entry then carries. Returns the new lock and how many violations were
+    refused for want of a reason."""
+    new = Lock(set(lock.targets), {k: Entry(e.max_ulp, e.max_rel_err, e.reason) for k, e in lock.entries.items()})
+
+    def entry(group: str) -> Entry:
+        key = parse_key(group)
+        if key not in new.entries:
+            new.entries[key] = zero() if key[2] in new.targets else Entry()
+        return new.entries[key]
+
     for t in chk.tighter:
-        setattr(new[parse_key(t["group"])], t["metric"], t["proposed"])
+        setattr(entry(t["group"]), t["metric"], t["proposed"])
     for u in chk.unlocked:
-        e = new.setdefault(parse_key(u["group"]), Entry())
+        e = entry(u["group"])
         for m in METRICS:
             if u.get(m) is not None:
                 setattr(e, m, u[m])
+    new.targets |= {parse_key(u["group"])[2] for u in chk.unlocked}
     refused = 0
     for v in chk.violations:
         if not reason:
             refused += 1
             continue
-        e = new[parse_key(v["group"])]
+        e = entry(v["group"])
         setattr(e, v["metric"], v["observed"])
         e.reason = reason
-    return new, refused
+    return new.normalized(), refused
 
 
 def _toml_float(x: float) -> str:
     return ("inf" if x > 0 else "-inf") if math.isinf(x) else repr(float(x))
 
 
+def _line(key: str, e: Entry) -> str:
+    parts = [f"{m} = {_toml_float(e.get(m))}" for m in METRICS if e.get(m) is not None]
+    if e.reason:
+        parts.append(f"reason = {json.dumps(e.reason, ensure_ascii=False)}")
+    return f"{json.dumps(key, ensure_ascii=False)} = {{ {', '.join(parts)} }}"
+
+
+def _lines(lock: Lock) -> list[tuple[str, Entry]]:
+    """The file's lines: per (op, dtype, backend-device), one line when every covered mode has
+    the same values, else one per target whose values are not the default; none where all are
+    the default. Targets the lock does not cover (a lock built by hand) keep their own lines."""
+    by_bd: dict[str, list[str]] = {}
+    for t in sorted(lock.targets):
+        by_bd.setdefault(backend_device(t), []).append(t)
+    out: list[tuple[str, Entry]] = []
+    seen: set[tuple[str, str, str]] = set()
+    for op, dtype, target in sorted(lock.entries):
+        if target not in lock.targets:
+            out.append((key_str((op, dtype, target)), lock.entries[(op, dtype, target)]))
+            continue
+        bd = backend_device(target)
+        if (op, dtype, bd) in seen:
+            continue
+        seen.add((op, dtype, bd))
+        values = [(t, lock.get((op, dtype, t))) for t in by_bd[bd]]
+        if all(e == values[0][1] for _, e in values):
+            out.append((f"{op}/{dtype}/{bd}", values[0][1]))
+        else:
+            out += [(key_str((op, dtype, t)), e) for t, e in values if e != zero()]
+    return out
+
+
 def dumps(lock: Lock) -> str:
-    lines = [HEADER, "[lock]"]
-    for key in sorted(lock):
-        e = lock[key]
-        parts = [f"{m} = {_toml_float(e.get(m))}" for m in METRICS if e.get(m) is not None]
-        if e.reason:
-            parts.append(f"reason = {json.dumps(e.reason, ensure_ascii=False)}")
-        lines.append(f"{json.dumps(key_str(key), ensure_ascii=False)} = {{ {', '.join(parts)} }}")
-    return "\n".join(lines) + "\n"
+    lines = _lines(lock.normalized())
+    general = [_line(k, e) for k, e in lines if k.rpartition("/")[2].count("-") == 1]
+    one = [_line(k, e) for k, e in lines if k.rpartition("/")[2].count("-") != 1]
+    examples = [general[0] if general else _EXAMPLES[0], one[0] if one else _EXAMPLES[1]]
+    quoted = "For example, from this file" if general and one else "For example"
+    out = [HEADER.format(for_example=quoted, examples="\n".join(f"#   {x}" for x in examples)), "[lock]",
+           f"targets = {json.dumps(sorted(lock.targets))}", "", "[lock.groups]"]
+    out += [_line(k, e) for k, e in lines]
+    return "\n".join(out) + "\n"
 
 
 def write(lock: Lock, path: Path | None = None) -> Path:

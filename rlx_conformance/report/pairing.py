@@ -25,7 +25,9 @@ from rlx_conformance.report.records import Record, Report, brief, measure
 SCHEMA = "rlx-conformance/pair/v1"
 CLASSES = ("identical", "differ", "a_only", "b_only", "both", "unpaired")
 GOOD = ("pass", "xpass")
-BAD = ("fail", "xfail", "error", "crash", "timeout", "contract")
+# Outcomes that make one side of a pair wrong: a run's failures (core.results.RUN_FAILING) with
+# the known ones (xfail), without xpass (the values agree; only the known-divergence entry is stale).
+PAIR_FAILING = ("fail", "xfail", "error", "crash", "timeout", "contract")
 
 
 def pair_key(rec: Record) -> tuple[str, str]:
@@ -36,7 +38,7 @@ def pair_key(rec: Record) -> tuple[str, str]:
 def classify(a: Record | None, b: Record | None) -> str:
     if a is None or b is None or a.get("outcome") == "skip" or b.get("outcome") == "skip":
         return "unpaired"
-    bad_a, bad_b = a.get("outcome") in BAD, b.get("outcome") in BAD
+    bad_a, bad_b = a.get("outcome") in PAIR_FAILING, b.get("outcome") in PAIR_FAILING
     if bad_a and bad_b:
         return "both"
     if bad_a or bad_b:

@@ -4,17 +4,18 @@ not CaseResult objects, so that a file from another machine or a newer harness, 
 one does not know (oracle errors, budgets), still reports and keeps those fields."""
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 
-Record = dict[str, Any]
+# The reader of results.json lives with its writer (core.results), so that the run layer, which
+# merges and resumes reports, need not import the report layer; re-exported here for the sinks.
+from rlx_conformance.core.results import Record, Report, results_path  # noqa: F401
+from rlx_conformance.core.results import load_report as load  # noqa: F401
+
 # (op, dtype, target): the unit of the scoreboard, the error statistics and the tolerance lock;
 # target is "backend-device-mode[-variant]" as in case ids, e.g. ("exp", "float32", "mlx-cpu-compiled").
 GroupKey = tuple[str, str, str]
@@ -22,50 +23,6 @@ GroupKey = tuple[str, str, str]
 # Severity, worst first: a scoreboard cell shows the worst outcome among its cases. skip ranks
 # below pass so that a cell of passes and skips reads as passing.
 SEVERITY = ("crash", "timeout", "contract", "error", "fail", "xpass", "xfail", "pass", "skip")
-
-
-@dataclass
-class Report:
-    """One results.json: run metadata, summary and case records."""
-
-    path: Path
-    run: dict[str, Any] = field(default_factory=dict)
-    summary: dict[str, int] = field(default_factory=dict)
-    cases: list[Record] = field(default_factory=list)
-    stability: dict[str, Any] | None = None  # the run's bit-stability section, where it has one
-
-    @property
-    def dir(self) -> Path:
-        return self.path.parent
-
-    def by_id(self) -> dict[str, Record]:
-        return {c["id"]: c for c in self.cases}
-
-
-def results_path(path: str | Path) -> Path:
-    """A results.json (or results.json.gz, as the committed baseline is kept) given itself or the
-    report directory that holds it."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.json" if (p / "results.json").is_file() else p / "results.json.gz"
-    if not p.is_file():
-        raise RlxError(f"no results file at {p}")
-    return p
-
-
-def load(path: str | Path) -> Report:
-    p = results_path(path)
-    try:
-        doc = res.load_results(p)
-    except json.JSONDecodeError as e:
-        raise RlxError(f"{p}: not valid JSON ({e})") from None
-    except ValueError as e:
-        raise RlxError(str(e)) from None
-    cases = doc.get("cases") or []
-    summary = doc.get("summary") or summarize(cases)
-    stab = doc.get("stability")
-    return Report(path=p, run=doc.get("run") or {}, summary=summary, cases=cases,
-                  stability=stab if isinstance(stab, dict) else None)
 
 
 def summarize(cases: list[Record]) -> dict[str, int]:
@@ -121,7 +78,7 @@ def parse_key(s: str) -> GroupKey:
 
 
 def is_bad(outcome: str | None) -> bool:
-    return outcome in res.BAD
+    return outcome in res.RUN_FAILING
 
 
 def worst(outcomes) -> str:

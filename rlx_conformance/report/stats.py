@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
+from rlx_conformance.core.errors import RlxError
+from rlx_conformance.ops import get_op
 from rlx_conformance.report.records import GroupKey, Record, group_key, is_bad, measure
 
 
@@ -76,9 +78,6 @@ def distributions(cases: Iterable[Record]) -> dict[GroupKey, Dist]:
 def op_family(op: str) -> str:
     """The op's family from the registry (the case records hold only the shape family); an op
     this checkout does not know (a results.json from a newer harness) goes under "other"."""
-    from rlx_conformance.core.errors import RlxError
-    from rlx_conformance.ops import get_op
-
     try:
         return get_op(op).family
     except (KeyError, RlxError):

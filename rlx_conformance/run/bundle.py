@@ -34,15 +34,23 @@ from typing import Any
 
 import numpy as np
 
+from rlx_conformance.backends import get_backend
+from rlx_conformance.backends.base import compute_dtypes
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core import results as res
+from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, make_inputs
-from rlx_conformance.judge.compare import EXACT
+from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE
+from rlx_conformance.judge.tolerances import tolerance_for
+from rlx_conformance.run import worker
+from rlx_conformance.run.execute import run_case
+from rlx_conformance.run.outcomes import apply_divergence
+from rlx_conformance.run.portable import Extractor, NotPortable, Source
 
 DIRNAME = "repro"  # under the report directory
 # Outcomes that get a bundle: those that fail a run, except xpass (nothing left to reproduce).
-BUNDLED = tuple(o for o in res.BAD if o != "xpass")
+BUNDLED = tuple(o for o in res.RUN_FAILING if o != "xpass")
 
 
 def bundle_name(case_id: str) -> str:
@@ -67,8 +75,6 @@ class BundleSink:
         """Write the bundle of ``r`` if wanted and set ``r.repro``. ``capture``: the arrays from
         execute.run_case; None regenerates inputs and reference (a crashed or hung worker's case).
         A bundle that cannot be written is noted in the message; the run goes on."""
-        from rlx_conformance.run.runner import apply_divergence
-
         final = apply_divergence(case, dataclasses.replace(r))  # as the run will report it
         if not (self.always or final.outcome in BUNDLED):
             return
@@ -85,9 +91,7 @@ class BundleSink:
     def _regenerated(self, case: Case, final: CaseResult) -> Path:
         """The bundle of a case whose worker died or hung, from regenerated inputs and reference,
         written by a child process: the reference may be what crashed or took so long."""
-        from rlx_conformance.run.runner import _context
-
-        ctx = _context()
+        ctx = worker.context()
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_write_regenerated, args=(child, case, final, self.report_dir / DIRNAME,
                                                            self.timeout), daemon=True)
@@ -118,8 +122,6 @@ def _write_regenerated(conn: Any, case: Case, final: CaseResult, root: Path, tim
 
 def regenerate(case: Case) -> dict[str, Any]:
     """Inputs and reference of a case from its id alone (bit-identical to what the worker had)."""
-    from rlx_conformance.backends import get_backend
-
     inputs = make_inputs(case)
     try:
         expected: Any = get_backend("cpu").run(case.op, [x.copy() for x in inputs], case.attr_dict)
@@ -131,9 +133,6 @@ def regenerate(case: Case) -> dict[str, Any]:
 def reproduce(case: Case, report_dir: Path) -> CaseResult:
     """Run one case in this process and write its bundle whatever the outcome (the bundle of a
     passing case gives a repro.py that exits 0)."""
-    from rlx_conformance.run.execute import run_case
-    from rlx_conformance.run.runner import apply_divergence
-
     capture: dict[str, Any] = {}
     r = run_case(case, capture)
     BundleSink(Path(report_dir), always=True).collect(case, r, capture)
@@ -147,6 +146,7 @@ def _describe(arrays: list[np.ndarray]) -> list[dict[str, Any]]:
 
 
 def _savez(path: Path, prefix: str, arrays: list[np.ndarray], extra: dict[str, np.ndarray] | None = None) -> None:
+    # MLX loads late: repro_runtime imports it, and a run's parent imports this module (worker.context).
     from rlx_conformance.run.repro_runtime import encode
 
     np.savez(path, **{f"{prefix}{k}": encode(a) for k, a in enumerate(arrays)},
@@ -158,8 +158,6 @@ def judge_plan(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray]
     """How execute.judge judges this case, in data: the op's own judge (by name), or per output
     exactness, signed zeros, tolerance, and the error bound and undefined-input mask as arrays
     (they depend on the inputs only)."""
-    from rlx_conformance.judge.tolerances import tolerance_for
-
     spec = case.spec
     policy = spec.policy
     if policy.check is not None:
@@ -171,7 +169,7 @@ def judge_plan(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray]
     for k, e in enumerate(expected):
         out_dt = dt.name_of(e.dtype)
         exact = policy.exact or not dt.is_float(out_dt)
-        tol = EXACT if exact else tolerance_for(case.op, out_dt)
+        tol = BIT_EXACT_TOLERANCE if exact else tolerance_for(case.op, out_dt)
         if policy.bound is not None and not exact:
             aux[f"bound{k}"] = np.asarray(policy.bound(inputs, attrs, out_dt), np.float64)
         if undefined is not None:
@@ -260,9 +258,6 @@ def _case_doc(case: Case, r: CaseResult, inputs: list[np.ndarray], timeout: floa
 
 
 def _known_limits() -> tuple[type[Exception], ...]:
-    from rlx_conformance.core.errors import RlxError
-    from rlx_conformance.run.portable import NotPortable
-
     return (NotPortable, RlxError)
 
 
@@ -288,12 +283,8 @@ def repro_script(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray
                  doc: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, str]]:
     """For an MLX case: how the backend call runs (case.json's ``run``), repro.py's source, and
     the names its judge and judge attributes got there (for the self-check)."""
-    from rlx_conformance.backends import get_backend
-    from rlx_conformance.backends.base import compute_dtypes
-    from rlx_conformance.core.errors import RlxError
-    from rlx_conformance.judge.tolerances import tolerance_for
-    from rlx_conformance.run import repro_runtime
-    from rlx_conformance.run.portable import Extractor, Source
+    # MLX loads late: repro_runtime imports it, and a run's parent imports this module (worker.context).
+    from rlx_conformance.run.repro_runtime import judge_outputs, main
 
     if case.target.backend != "mlx":
         raise RlxError(f"repro.py is written for MLX cases only, not {case.target.backend}")
@@ -320,7 +311,7 @@ def repro_script(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray
     fn, check = entry.fn, spec.policy.check
     kernel = ex.bind("kernel" if fn.__name__ == "<lambda>" else fn.__name__, fn, root=True)
     judge = "None" if check is None else ex.bind(check.__name__, check)
-    names = [ex.bind(n, v) for n, v in (("main", repro_runtime.main), ("sys", sys), ("pathlib", pathlib))]
+    names = [ex.bind(n, v) for n, v in (("main", main), ("sys", sys), ("pathlib", pathlib))]
     kernel_attrs, judge_attrs = ex.bind("KERNEL_ATTRS", attrs), ex.bind("JUDGE_ATTRS", case.attr_dict)
     tail = (f"KERNEL = {kernel}  # backends/mlx: the kernel registered for {case.op}\n"
             f"CHECK = {judge}  # the op's own judge (None: compare() per output)\n\n"
@@ -337,7 +328,7 @@ def repro_script(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray
     header = _HEADER.format(**{k: _docstring_safe(v) for k, v in dict(
         id=case.id, outcome=doc["outcome"], reason=f" — {first}" if first else "", op=case.op,
         device=case.target.device, mode=case.target.mode, judge=how, needs=", ".join(needs)).items()})
-    entry_points = {"judge_outputs": ex.name_of(repro_runtime.judge_outputs), "judge_attrs": judge_attrs}
+    entry_points = {"judge_outputs": ex.name_of(judge_outputs), "judge_attrs": judge_attrs}
     return run, header + "from __future__ import annotations\n\n" + body + "\n" + tail, entry_points
 
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, make_inputs
 from rlx_conformance.judge import accuracy
-from rlx_conformance.judge.compare import EXACT, compare
+from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, compare
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import tolerance_for
 
@@ -31,8 +32,6 @@ class _RefCache:
         hit = self._d.get(case.input_id)
         if hit is not None:
             return hit
-        from rlx_conformance.backends import get_backend
-
         inputs = make_inputs(case)
         try:
             ref: Any = get_backend("cpu").run(case.op, [x.copy() for x in inputs], case.attr_dict)
@@ -61,7 +60,7 @@ def judge(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
     for k, (e, a) in enumerate(zip(expected, actual)):
         out_dt = dt.name_of(e.dtype)
         exact = spec.policy.exact or not dt.is_float(out_dt)
-        tol = EXACT if exact else tolerance_for(case.op, out_dt)
+        tol = BIT_EXACT_TOLERANCE if exact else tolerance_for(case.op, out_dt)
         bound = None
         if spec.policy.bound is not None and not exact and e.shape == a.shape:
             bound = spec.policy.bound(inputs, attrs, out_dt)
@@ -76,8 +75,6 @@ def judge(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
 def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     """``capture``: filled with the arrays of the case (inputs, expected, actual as far as they
     came), for the repro bundle of a failing case (bundle.py)."""
-    from rlx_conformance.backends import get_backend
-
     t0 = time.perf_counter()
     inputs, ref = REF_CACHE.get(case)
     if capture is not None:
@@ -121,7 +118,8 @@ def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
         with np.errstate(all="ignore"):  # NaN/inf in the error arithmetic are expected, not news
             ok, comps, tol = judge(case, inputs, ref, out)
             # the precise oracle (accuracy.py): is the reference, is the target, right?
-            orc = accuracy.assess(case, inputs, ref, out, ok) if case.declared else None
+            ftz = backend.flushes_subnormals(tg.device)  # may the target flush subnormals to 0?
+            orc = accuracy.assess(case, inputs, ref, out, ok, ftz=ftz) if case.declared else None
     except Exception as e:  # noqa: BLE001 — a bug in a judge is the harness's, reported as such
         return CaseResult.for_case(case, "error", duration_s=time.perf_counter() - t0, **kw, message=(
             f"harness error while judging: {type(e).__name__}: {e}"))

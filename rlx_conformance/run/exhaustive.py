@@ -23,28 +23,37 @@ from __future__ import annotations
 
 import datetime as _dt
 import fnmatch
+import hashlib
 import itertools
 import json
 import os
-import signal
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.core.errors import RlxError
+from rlx_conformance.core.errors import RlxError, UnsupportedError
+from rlx_conformance.core.results import _jsonable, atomic_write_text, run_metadata
 from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge import precise
+from rlx_conformance.judge.accuracy import budget_for, measure
+from rlx_conformance.judge.compare import ulp_distance
+from rlx_conformance.judge.divergences import known_divergence
+from rlx_conformance.ops import all_ops, get_op
+from rlx_conformance.run import worker
 
 SCHEMA = "rlx-conformance/exhaustive/v1"
 DTYPES = ("float16", "bfloat16", "float32")
 REFERENCE = Target("cpu", "cpu", "eager")
-BAD = ("fail", "xpass", "error", "crash", "timeout")
+# Row outcomes that fail a sweep: those that fail a run (core.results.RUN_FAILING) but
+# "contract": a sweep records a broken call convention as "error".
+SWEEP_FAILING = ("fail", "xpass", "error", "crash", "timeout")
 WORST = 5  # worst inputs reported per row
 
 
@@ -58,8 +67,6 @@ def default_cache_dir() -> Path:
 def unary_ops(globs: Sequence[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """(op, attrs) of every unary op with a float oracle: one float input, float output; each
     combination of attribute sweeps (clamp's bounds; cast to every float dtype)."""
-    from rlx_conformance.ops import all_ops
-
     out = []
     for spec in all_ops():
         if (len(spec.inputs) != 1 or spec.inputs[0].dtypes != "T" or spec.name not in precise.ELEMENTWISE
@@ -101,8 +108,6 @@ def _attr_label(attrs: dict[str, Any]) -> str:
 
 def pseudo_case(op: str, attrs: dict[str, Any], dtype: str, n: int, target: Target) -> Case:
     """The case a row stands for (known divergences match rows through it)."""
-    from rlx_conformance.ops import get_op
-
     spec = get_op(op)
     order = [a.name for a in spec.attrs]
     return Case(op=op, dtype=dtype, shapes=((n,),), family="exhaustive",
@@ -112,8 +117,7 @@ def pseudo_case(op: str, attrs: dict[str, Any], dtype: str, n: int, target: Targ
 # -- the oracle, cached on disk --------------------------------------------------------------------
 def oracle_for(op: str, attrs: dict[str, Any], dtype: str, x: np.ndarray, out_dtype: str,
                cache_dir: Path | None) -> np.ndarray:
-    import hashlib
-
+    """The precise oracle's outputs for ``x``, from the disk cache when it holds them."""
     key = hashlib.sha256(json.dumps([op, sorted((k, str(v)) for k, v in attrs.items()), dtype, out_dtype,
                                      len(x), hashlib.sha256(x.tobytes()).hexdigest(), precise.version()])
                          .encode()).hexdigest()[:24]
@@ -142,17 +146,13 @@ def _hex(v: np.ndarray) -> str:
 
 def judge_row(op: str, attrs: dict[str, Any], x: np.ndarray, got: np.ndarray, want: np.ndarray,
               ftz: bool) -> dict[str, Any]:
-    from rlx_conformance.judge.accuracy import budget_for, measure
-    from rlx_conformance.ops import get_op
-
+    """One target's row: ``got`` against the oracle ``want`` under the op's accuracy budget."""
     spec = get_op(op)
     out_dtype = dt.name_of(want.dtype)
     budget = budget_for(op, out_dtype)
     undefined = spec.undefined([x], attrs)
     m = measure(got, want, budget, skip=undefined, signed_zero=spec.policy.signed_zero, ftz=ftz,
                 compute_dtype=dt.compute_dtype(out_dtype))
-    from rlx_conformance.judge.compare import ulp_distance
-
     with np.errstate(all="ignore"):
         ulp = ulp_distance(got, want)
     score = np.where(m.over_mask, np.inf, 0.0) + np.where(np.isnan(ulp), 0.0, ulp)
@@ -170,9 +170,6 @@ def judge_row(op: str, attrs: dict[str, Any], x: np.ndarray, got: np.ndarray, wa
 
 # -- worker ------------------------------------------------------------------------------------------
 def _run_one(job: dict[str, Any], target: Target, x: np.ndarray, want: np.ndarray) -> dict[str, Any]:
-    from rlx_conformance.backends import get_backend
-    from rlx_conformance.core.errors import UnsupportedError
-
     op, attrs = job["op"], job["attrs"]
     t0 = time.perf_counter()
     b = get_backend(target.backend)
@@ -188,119 +185,93 @@ def _run_one(job: dict[str, Any], target: Target, x: np.ndarray, want: np.ndarra
     return row
 
 
-def _worker_main(conn, init: str | None) -> None:
-    from rlx_conformance.run.runner import run_init
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    run_init(init)
-    conn.send(("ready", None))
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
-        if job is None:
-            return
-        try:
-            x = inputs_for(job["dtype"], job["f32_sample"])
-            out_dtype = job["attrs"].get("to", job["dtype"]) if job["op"] == "cast" else job["dtype"]
-            t0 = time.perf_counter()
-            want = oracle_for(job["op"], job["attrs"], job["dtype"], x, out_dtype,
-                              Path(job["cache"]) if job["cache"] else None)
-            oracle_s = time.perf_counter() - t0
-        except Exception as e:  # noqa: BLE001 — the oracle's failure is the harness's: every row errors
-            for i in range(job["next"], len(job["targets"])):
-                conn.send((i, {"outcome": "error", "message": f"harness error in the oracle: {type(e).__name__}: {e}"}))
-            conn.send(("done", None))
-            continue
+def _sweep_job(job: dict[str, Any], send: Callable[[Any], None]) -> None:
+    """The sweep's task function (worker.serve applies it to each job in a worker): the inputs
+    and the oracle, then each target from ``job["next"]`` on, announced by ("start", i) before it
+    runs (a crash or hang is then that target's) and reported as (i, row)."""
+    try:
+        x = inputs_for(job["dtype"], job["f32_sample"])
+        out_dtype = job["attrs"].get("to", job["dtype"]) if job["op"] == "cast" else job["dtype"]
+        t0 = time.perf_counter()
+        want = oracle_for(job["op"], job["attrs"], job["dtype"], x, out_dtype,
+                          Path(job["cache"]) if job["cache"] else None)
+        oracle_s = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001 — the oracle's failure is the harness's: every row errors
         for i in range(job["next"], len(job["targets"])):
-            conn.send(("start", i))
-            row = _run_one(job, Target.parse(job["targets"][i]), x, want)
-            row["oracle_s"] = oracle_s
-            conn.send((i, row))
-        conn.send(("done", None))
+            send((i, {"outcome": "error", "message": f"harness error in the oracle: {type(e).__name__}: {e}"}))
+        return
+    for i in range(job["next"], len(job["targets"])):
+        send(("start", i))
+        row = _run_one(job, Target.parse(job["targets"][i]), x, want)
+        row["oracle_s"] = oracle_s
+        send((i, row))
 
 
-def _context():
-    from rlx_conformance.run.runner import _context as runner_context
+@dataclass
+class _SweepWorker(worker.Worker):
+    """A worker and its job: ``cur`` is the target it announced last (None before the first)."""
 
-    return runner_context()  # a forkserver with numpy and the reference preloaded (spawn on macOS)
+    job: dict[str, Any] | None = None
+    deadline: float = float("inf")
+    cur: int | None = None
 
 
 class _Pool:
     """A few long-lived workers; one job at a time each; a dead or silent worker is replaced."""
 
     def __init__(self, workers: int, timeout: float, init: str | None):
-        self.ctx = _context()
+        self.ctx = worker.context()  # a forkserver with numpy and the reference preloaded (spawn on macOS)
         self.n, self.timeout, self.init = workers, timeout, init
 
-    def _spawn(self):
-        from rlx_conformance.run.runner import start_worker
-
-        p, conn = start_worker(self.ctx, _worker_main, (self.init,), "(an exhaustive sweep's worker)")
-        return {"proc": p, "conn": conn, "job": None, "deadline": float("inf"), "cur": None}
+    def _spawn(self) -> _SweepWorker:
+        w = worker.start(self.ctx, _sweep_job, init=self.init, hint="(an exhaustive sweep's worker)")
+        return _SweepWorker(w.proc, w.conn)
 
     def run(self, jobs: list[dict[str, Any]], emit: Callable[[dict, int, dict], None]) -> None:
         queue = deque(jobs)
         pool = [self._spawn() for _ in range(min(self.n, len(jobs)))]
         try:
-            while queue or any(w["job"] for w in pool):
+            while queue or any(w.job for w in pool):
                 for w in pool:
-                    if w["job"] is None and queue:
-                        w["job"] = queue.popleft()
-                        w["cur"] = None
+                    if w.job is None and queue:
+                        w.job = queue.popleft()
+                        w.cur = None
                         # the oracle of a cold cache takes a while: the first deadline is generous
-                        w["deadline"] = time.monotonic() + self.timeout + 600
-                        w["conn"].send(w["job"])
-                busy = [w for w in pool if w["job"]]
-                left = max(0.0, min(w["deadline"] for w in busy) - time.monotonic())
-                ready = wait([w["conn"] for w in busy] + [w["proc"].sentinel for w in busy], left)
-                for w in list(busy):
-                    dead = False
-                    while w["conn"] in ready or w["proc"].sentinel in ready:
-                        try:
-                            if not w["conn"].poll():
-                                dead = not w["proc"].is_alive()
-                                break
-                            i, msg = w["conn"].recv()
-                        except (EOFError, OSError):
-                            dead = True
-                            break
-                        if i == "done":
-                            w["job"] = None
+                        w.deadline = time.monotonic() + self.timeout + 600
+                        w.send(w.job)
+                busy = [w for w in pool if w.job]
+                left = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+                ready = worker.wait_any(busy, left)
+                for w in busy:
+                    answers, dead = w.answers(ready)
+                    for i, msg in answers:
+                        if i == worker.DONE:
+                            w.job = None
                             break
                         if i == "start":
-                            w["cur"] = msg
-                            w["deadline"] = time.monotonic() + self.timeout
+                            w.cur = msg
+                            w.deadline = time.monotonic() + self.timeout
                             continue
-                        emit(w["job"], i, msg)
-                        w["job"]["next"] = i + 1
-                    if w["job"] and (dead or time.monotonic() > w["deadline"]):
-                        job, timed_out = w["job"], not dead
-                        if timed_out:
-                            w["proc"].kill()
-                        w["proc"].join()
-                        i = w["cur"] if w["cur"] is not None else job["next"]
-                        code = w["proc"].exitcode
-                        sig = signal.Signals(-code).name if code is not None and code < 0 else f"exit code {code}"
+                        emit(w.job, i, msg)
+                        w.job["next"] = i + 1
+                    if w.job and (dead or time.monotonic() > w.deadline):
+                        job, timed_out = w.job, not dead
+                        ended = w.end(hung=timed_out)
+                        i = w.cur if w.cur is not None else job["next"]
                         emit(job, i, {"outcome": "timeout" if timed_out else "crash", "message": (
                             f"no result within {self.timeout:g} s; worker killed" if timed_out else
-                            f"worker process died ({sig}) while running this target")})
+                            f"worker process died ({ended}) while running this target")})
                         job["next"] = i + 1
                         if job["next"] < len(job["targets"]):
                             queue.appendleft(job)
                         pool.remove(w)
                         pool.append(self._spawn())
         finally:
-            from rlx_conformance.run.runner import stop_workers
-
-            stop_workers([(w["proc"], w["conn"]) for w in pool])
+            worker.stop(pool)
 
 
 # -- the sweep ------------------------------------------------------------------------------------
 def _verdict(row: dict[str, Any], job: dict[str, Any], target: Target) -> dict[str, Any]:
-    from rlx_conformance.judge.tolerances import known_divergence
-
     if row.get("outcome") in ("skip", "error", "crash", "timeout"):
         bad = row["outcome"] != "skip"
     else:
@@ -312,17 +283,20 @@ def _verdict(row: dict[str, Any], job: dict[str, Any], target: Target) -> dict[s
                               f"{row['over_budget']} input(s)")
         return row
     n = row.get("n") or (1 << 16)
-    d = known_divergence(pseudo_case(job["op"], job["attrs"], job["dtype"], n, target))
+    case = pseudo_case(job["op"], job["attrs"], job["dtype"], n, target)
+    d = known_divergence(case)
     if d is None or row["outcome"] == "skip":
         return row
-    row["divergence"] = {"entry": d.index, "category": d.category, "reason": d.reason}
+    row["divergence"] = {"entry": d.key, "category": d.category, "reason": d.reason}
     if bad:
-        row["message"] = f"known divergence ({d.category}): was {row['outcome']}: {row.get('message', '')}".rstrip(": ")
+        row["message"] = (f"known divergence {d.key} ({d.category}): was {row['outcome']}: "
+                          f"{row.get('message', '')}").rstrip(": ")
         row["outcome"] = "xfail"
-    elif d.strict and d.id and "vals:exhaustive" in d.id:
+    elif d.strict and d.exhaustive:
+        part = d.part(case.op, case.dtype, case.id)  # one op of an entry's op list, say
         row["outcome"] = "xpass"
-        row["message"] = (f"known divergence #{d.index} no longer reproduces: remove it from "
-                          "cases/known_divergences.toml")
+        row["message"] = (f"known divergence {d.key}" + (f" ({d.describe(part)})" if part else "")
+                          + " no longer reproduces: remove it from cases/known_divergences.toml")
     return row
 
 
@@ -339,7 +313,7 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
     ``report_dir/exhaustive.json`` when a directory is given. ``cache_dir``: True = the default
     oracle cache (default_cache_dir()), a path, or None/False for none. A row's ``outcome`` is
     one of pass, fail, xfail, xpass, error, crash, timeout, skip; the run failed if any is in
-    BAD (``doc["failed"]``)."""
+    SWEEP_FAILING (``doc["failed"]``)."""
     dtypes = list(dtypes or ("float16", "bfloat16"))
     for d in dtypes:
         if d not in DTYPES:
@@ -351,8 +325,6 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
     if not sel:
         raise RlxError("exhaustive: no unary float op matches " + ", ".join(ops or []))
     tlist = ([REFERENCE] if reference else []) + [t for t in targets if t != REFERENCE]
-    from rlx_conformance.ops import get_op
-
     jobs = []
     for op, attrs in sel:
         for d in dtypes:
@@ -376,8 +348,6 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
     _Pool(max(n_workers, 1), timeout, init).run(jobs, emit)
     key = {(j["op"], _attr_label(j["attrs"]), j["dtype"]): k for k, j in enumerate(jobs)}
     rows.sort(key=lambda r: (key[(r["op"], _attr_label(r["attrs"]), r["dtype"])], r["target"] != str(REFERENCE), r["target"]))
-    from rlx_conformance.core.results import run_metadata
-
     summary = Counter(r["outcome"] for r in rows)
     doc = {"schema": SCHEMA,
            "run": run_metadata(start=started.isoformat(timespec="seconds"),
@@ -388,11 +358,9 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
                                wide_longdouble=precise.WIDE_LONGDOUBLE),
            "summary": {o: summary.get(o, 0) for o in ("pass", "fail", "xfail", "xpass", "error", "crash",
                                                      "timeout", "skip")} | {"total": len(rows)},
-           "failed": any(r["outcome"] in BAD for r in rows),
+           "failed": any(r["outcome"] in SWEEP_FAILING for r in rows),
            "rows": rows}
     if report_dir is not None:
-        from rlx_conformance.core.results import _jsonable, atomic_write_text
-
         path = Path(report_dir) / "exhaustive.json"
         atomic_write_text(path, json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n")
         doc["path"] = str(path)

@@ -17,6 +17,9 @@ from typing import Any
 
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.judge.stability import classify, enforce
+from rlx_conformance.run.outcomes import finalize
+from rlx_conformance.run.outcomes import rejudge as rejudge_record
 
 TIMING = ("duration_s", "backend_s")  # may differ between two runs of one case
 VERSIONS = ("python", "numpy", "ml_dtypes", "scipy", "mlx")  # shards run with different ones: a warning
@@ -48,14 +51,12 @@ class Merged:
 
     @property
     def failed(self) -> bool:
-        return any(r.outcome in res.BAD for r in self.results)
+        return any(r.outcome in res.RUN_FAILING for r in self.results)
 
 
 def load_shard(path: str | Path) -> Shard:
-    """A report given as its directory or its results.json (records.load: one reader for all)."""
-    from rlx_conformance.report import records
-
-    rep = records.load(path)
+    """A report given as its directory or its results.json (results.load_report: one reader for all)."""
+    rep = res.load_report(path)
     return Shard(rep.path, rep.run, rep.cases)
 
 
@@ -150,12 +151,8 @@ def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = 
     """Merge shard reports into ``out_dir/results.json`` (and ``out_dir/repro/``). A split with
     missing shards is an error unless ``partial``; a partial merge skips the stale-divergence check
     (it needs every case of an entry) and says so in its warnings. ``rejudge``: judge every
-    record again under the known divergences as they are now (runner.rejudge); one whole,
+    record again under the known divergences as they are now (outcomes.rejudge); one whole,
     uninterrupted run so re-judged also gets the checks over the whole set."""
-    from rlx_conformance.judge.stability import enforce
-    from rlx_conformance.run.runner import finalize
-    from rlx_conformance.run.runner import rejudge as rejudge_record
-
     if not inputs:
         raise RlxError("merge needs at least one report")
     out = Path(out_dir)
@@ -183,6 +180,6 @@ def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = 
         meta["bit_stability_failures"] = enforce(results)
     meta["warnings"] = list(dict.fromkeys(warnings + [w for s in shards for w in s.run.get("warnings") or []]))
     path = out / "results.json"
-    res.write_results(path, meta, results)
+    res.write_results(path, meta, results, classify(results))
     copy_bundles(shards, out)
     return Merged(path, meta, results, warnings)

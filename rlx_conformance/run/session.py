@@ -5,14 +5,18 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.matrix import Case, Target, generate
 from rlx_conformance.judge import stability
-from rlx_conformance.run.runner import DEFAULT_TIMEOUT, Runner, finalize
+from rlx_conformance.judge.stability import classify
+from rlx_conformance.run.bundle import BundleSink
+from rlx_conformance.run.outcomes import finalize
+from rlx_conformance.run.runner import DEFAULT_TIMEOUT, Runner
 
 ALL_MODES = ("eager", "lazy", "compiled")
 
@@ -22,8 +26,6 @@ def backend_targets(backend: str, devices: Sequence[str] | str = "cpu",
     """Targets for a backend. devices/modes may be "all"; modes None = the backend default
     (for MLX: RLX_MLX_MODE, else compiled). A requested device that this machine lacks still
     yields targets: their cases report skip with the reason."""
-    from rlx_conformance.backends import get_backend
-
     b = get_backend(backend)
     if devices == "all":
         devices = b.devices()
@@ -45,8 +47,7 @@ def backend_targets(backend: str, devices: Sequence[str] | str = "cpu",
 
 
 def supports(t: Target, op: str, dtype: str) -> bool:
-    from rlx_conformance.backends import get_backend
-
+    """Whether ``t``'s backend declares ``op`` for ``dtype`` on its device (generate's filter)."""
     return get_backend(t.backend).supports(op, dtype, t.device)
 
 
@@ -59,10 +60,7 @@ def build_cases(targets: Sequence[Target], ops: Sequence[str] | None = None,
 
 
 def with_variants(cases: Sequence[Case], option: str | None = None) -> list[Case]:
-    from dataclasses import replace
-
-    from rlx_conformance.backends import get_backend
-
+    """Each case once per backend variant it runs in (``option``: --tf32's on, off, both or None)."""
     out = []
     for c in cases:
         for v in get_backend(c.target.backend).variants(c.op, c.dtype, c.target.device, option):
@@ -83,9 +81,11 @@ def find_case(case_id: str) -> Case:
     raise RlxError(f"no case with id {case_id!r} in the current matrix")
 
 
-def default_report_dir() -> Path:
+def default_report_dir(kind: str = "run") -> Path:
+    """Where a command writes its report when not told: ``reports/<kind>-<local time>`` (run,
+    nightly, exhaustive, validate-<op>): one format for every command, sorting by time."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("reports") / f"run-{stamp}"
+    return Path("reports") / f"{kind}-{stamp}"
 
 
 @dataclass
@@ -98,7 +98,7 @@ class Run:
 
     @property
     def failed(self) -> bool:
-        return any(r.outcome in res.BAD for r in self.results)
+        return any(r.outcome in res.RUN_FAILING for r in self.results)
 
 
 def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | None = None,
@@ -128,8 +128,6 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     interrupted = False
     sink = None
     if bundles and report_dir is not None:
-        from rlx_conformance.run.bundle import BundleSink
-
         sink = BundleSink(Path(report_dir), timeout=timeout)
     runner = Runner(workers=workers, timeout=timeout, init=init, env=env,  # env: set in each worker before init
                     bundles=sink)
@@ -162,7 +160,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
             **(meta or {}))
         if report_dir:
             run.path = report_dir / "results.json"
-            res.write_results(run.path, run.meta, run.results)
+            res.write_results(run.path, run.meta, run.results, classify(run.results))
             journal.close(remove=True)
     if interrupted:
         raise KeyboardInterrupt

@@ -34,15 +34,14 @@ allowed), every error input is rejected and fuzzing found nothing; 1 otherwise.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import fnmatch
+import functools
 import hashlib
 import importlib
 import importlib.util
 import json
 import math
 import os
-import signal
 import statistics
 import sys
 import time
@@ -54,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from rlx_conformance.backends import get_backend
+from rlx_conformance.backends.base import prevalidate
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import (
     KernelContractError,
@@ -61,7 +62,24 @@ from rlx_conformance.core.errors import (
     SpecError,
     UnsupportedError,
 )
-from rlx_conformance.generate.matrix import Case, Target
+from rlx_conformance.generate.fuzz import (
+    Verdict,
+    ci_derandomize,
+    explore,
+    hypothesis_modules,
+)
+from rlx_conformance.generate.matrix import Case, Target, make_inputs
+from rlx_conformance.judge.divergences import known_divergence
+from rlx_conformance.judge.stability import classify
+from rlx_conformance.ops import get_op
+from rlx_conformance.run import bundle, worker
+from rlx_conformance.run.execute import judge
+from rlx_conformance.run.session import (
+    backend_targets,
+    build_cases,
+    default_report_dir,
+    execute,
+)
 
 ENV = "RLX_CONFORMANCE_VALIDATE"  # JSON handed to worker processes: which kernel, for which op
 INIT = "rlx_conformance.run.validate:install_from_env"
@@ -148,8 +166,6 @@ def install(ref: KernelRef, op: str, backend: str):
     """Register the contributed kernel for ``op`` in this process, replacing (and keeping aside)
     the built-in one. Returns the new KernelEntry. RegistrationError when the signature does not
     fit the spec."""
-    from rlx_conformance.backends import get_backend
-
     b = get_backend(backend)
     fn = load_function(ref)
     old = b.kernels.get(op)
@@ -174,8 +190,6 @@ def install(ref: KernelRef, op: str, backend: str):
 
 def uninstall(op: str, backend: str) -> None:
     """Put the built-in kernel back (this process)."""
-    from rlx_conformance.backends import get_backend
-
     key = (backend, op)
     if key not in _SAVED:
         return
@@ -209,35 +223,21 @@ def builtin_entry(op: str, backend: str):
 
 
 # -- an isolated worker for calls that are not matrix cases --------------------------------------
-def _service_main(conn, cfg: dict[str, Any]) -> None:
-    """Worker: the kernel registered, then requests until None. Each answer is
-    ("ok", value) or ("raised", (exception type, message, contract?))."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _serve_request(cfg: dict[str, Any], req: tuple[str, dict[str, Any]], send: Callable[[Any], None]
+                   ) -> tuple[str, Any]:
+    """The service worker's task function (worker.serve applies it to each request, the kernel
+    registered by its setup): the answer is ("ok", value) or ("raised", (exception type,
+    message, contract?, spec or unsupported?))."""
+    kind, payload = req
     try:
-        _install_config(cfg)
-    except BaseException as e:  # noqa: BLE001
-        conn.send(("init-error", f"{type(e).__name__}: {e}"))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            req = conn.recv()
-        except EOFError:
-            return
-        if req is None:
-            return
-        kind, payload = req
-        try:
-            conn.send(("ok", _SERVICES[kind](cfg, **payload)))
-        except Exception as e:  # noqa: BLE001 — the kernel's exception is the answer
-            conn.send(("raised", (type(e).__name__, str(e), isinstance(e, KernelContractError),
-                                  isinstance(e, (SpecError, UnsupportedError)))))
+        return "ok", _SERVICES[kind](cfg, **payload)
+    except Exception as e:  # noqa: BLE001 — the kernel's exception is the answer
+        return "raised", (type(e).__name__, str(e), isinstance(e, KernelContractError),
+                          isinstance(e, (SpecError, UnsupportedError)))
 
 
 def _svc_run(cfg, inputs, attrs, device, mode, which="contributed", force=False):
     """Backend.run with the contributed kernel, or (which="builtin") the built-in one."""
-    from rlx_conformance.backends import get_backend
-
     b = get_backend(cfg["backend"])
     op = cfg["op"]
     contributed = b.kernels[op]
@@ -253,8 +253,7 @@ def _svc_run(cfg, inputs, attrs, device, mode, which="contributed", force=False)
 
 
 def _svc_unchecked(cfg, inputs, attrs, device, mode):
-    from rlx_conformance.backends import get_backend
-
+    """The kernel alone, without the harness's pre-validation: the shapes and dtypes it returns."""
     outs = get_backend(cfg["backend"]).run_unchecked(cfg["op"], inputs, attrs, device, mode)
     return [f"{o.dtype}{list(o.shape)}" for o in outs]
 
@@ -262,8 +261,6 @@ def _svc_unchecked(cfg, inputs, attrs, device, mode):
 def _svc_time(cfg, inputs, attrs, device, mode, budget_s=0.1, max_reps=25):
     """Median seconds per call of the contributed kernel, the built-in one and the CPU reference
     (after one warm-up call each); None where it raised or does not exist."""
-    from rlx_conformance.backends import get_backend
-
     b = get_backend(cfg["backend"])
     op = cfg["op"]
     contributed = b.kernels[op]
@@ -309,46 +306,40 @@ class Isolated:
 
     def __init__(self, cfg: dict[str, Any], timeout: float):
         self.cfg, self.timeout = cfg, timeout
-        self._proc = None
-        self._conn = None
-        from rlx_conformance.run.runner import _context
+        self._worker: worker.Worker | None = None
+        self._ctx = worker.context()
 
-        self._ctx = _context()
-
-    def _start(self) -> None:
-        from rlx_conformance.run.runner import start_worker
-
-        self._proc, self._conn = start_worker(self._ctx, _service_main, (self.cfg,),
-                                              "validate could not register the kernel")
+    def _start(self) -> worker.Worker:
+        return worker.start(self._ctx, functools.partial(_serve_request, self.cfg),
+                            setup=functools.partial(_install_config, self.cfg),
+                            hint="validate could not register the kernel")
 
     def call(self, kind: str, timeout: float | None = None, **payload: Any) -> tuple[str, Any]:
-        from rlx_conformance.run.runner import _signal_name
-
-        if self._proc is None:
-            self._start()
+        """One request (``kind``: run, unchecked, time) answered in the worker: ("ok", value),
+        ("raised", ...), or ("crash"/"timeout", why) when it killed the worker or outlived the
+        limit."""
+        if self._worker is None:
+            self._worker = self._start()
+        w = self._worker
         limit = self.timeout if timeout is None else timeout
         try:
-            self._conn.send((kind, payload))
-            if self._conn.poll(limit):
-                return self._conn.recv()
-            dead = not self._proc.is_alive()
+            w.send((kind, payload))
+            if w.conn.poll(limit):
+                return w.conn.recv()[1]  # (DONE, the answer)
+            dead = not w.proc.is_alive()
         except (EOFError, OSError, BrokenPipeError):
             dead = True
-        if not dead:
-            self._proc.kill()
-        self._proc.join()
-        code = self._proc.exitcode
-        self._proc = self._conn = None
+        ended = w.end(hung=not dead)
+        self._worker = None
         if dead:
-            return "crash", f"worker process died ({_signal_name(code)})"
+            return "crash", f"worker process died ({ended})"
         return "timeout", f"no result within {limit:g} s; worker killed"
 
     def close(self) -> None:
-        if self._proc is not None:
-            from rlx_conformance.run.runner import stop_workers
-
-            stop_workers([(self._proc, self._conn)])
-            self._proc = self._conn = None
+        """Stop the worker (the next call starts a fresh one)."""
+        if self._worker is not None:
+            worker.stop([self._worker])
+            self._worker = None
 
 
 # -- repro bundles --------------------------------------------------------------------------------
@@ -359,8 +350,6 @@ def write_bundle(root: Path, case: Case, inputs: list[np.ndarray], expected: lis
     writer (inputs.npz, expected.npz, actual.npz, case.json, repro.py). The matrix's failures are
     bundled by the runner's workers (``execute(bundles=True)``); this writes the rest: failures
     that stopped being excused by a known divergence, and the shrunk fuzz failure."""
-    from rlx_conformance.run import bundle
-
     arrays = {"inputs": inputs, "expected": expected, "actual": actual}
     return bundle.write_bundle(case, result, root, arrays, timeout=timeout, judged=judged)
 
@@ -415,7 +404,7 @@ class Validation:
 
     @property
     def bad_cases(self) -> list[res.CaseResult]:
-        return [r for r in self.results if r.outcome in res.BAD]
+        return [r for r in self.results if r.outcome in res.RUN_FAILING]
 
     @property
     def exit_code(self) -> int:
@@ -464,13 +453,6 @@ def _num(v: Any) -> float:
 
 
 # -- the run --------------------------------------------------------------------------------------
-def default_report_dir(op: str) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    from rlx_conformance.run.bundle import bundle_name
-
-    return Path("reports") / f"validate-{bundle_name(op)}-{stamp}"
-
-
 def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu", mode: str | None = None,
              dtypes: list[str] | None = None, case_ids: list[str] | None = None,
              report_dir: Path | None = None, workers: int | None = None,
@@ -478,11 +460,6 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
              speed_cases: int = 8, on_result: Callable[[res.CaseResult], None] | None = None,
              on_stage: Callable[[str], None] | None = None) -> Validation:
     """Validate ``kernel`` for ``op``; see the module docstring. Raises RlxError for usage errors."""
-    from rlx_conformance.backends import get_backend
-    from rlx_conformance.generate.fuzz import ci_derandomize, hypothesis_modules
-    from rlx_conformance.ops import get_op
-    from rlx_conformance.run.session import backend_targets, build_cases, execute
-
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     current: list[Any] = ["setup", t0]  # setup: loading backends and the kernel, building cases
@@ -521,7 +498,9 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
             cases = [c for c in cases if c.id in wanted]
         if not cases:
             raise RlxError(f"no cases for {spec.name} on {target}" + (f" with dtypes {', '.join(dtypes)}" if dtypes else ""))
-        report_dir = Path(report_dir) if report_dir else default_report_dir(spec.name)
+        if not report_dir:
+            report_dir = default_report_dir(f"validate-{bundle.bundle_name(spec.name)}")
+        report_dir = Path(report_dir)
         v = Validation(spec.name, entry.origin, target, report_dir=report_dir)
         stage(f"matrix: {len(cases)} cases of {spec.name} on {target}")
         # Every worker registers the kernel at start (init hook); --workers 0 runs in this
@@ -540,7 +519,7 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
                 stage("repro bundles")
                 _bundles(v, by_id, svc, report_dir, timeout)
             v.bundles = sum(1 for r in v.bad_cases if r.repro)
-            res.write_results(run.path, run.meta, v.results)
+            res.write_results(run.path, run.meta, v.results, classify(v.results))
             stage("error inputs")
             v.error_probes = _error_probes(spec, svc, target)
             svc.close()  # a kernel fed an invalid index may have corrupted its heap: a fresh worker
@@ -566,15 +545,11 @@ def _recheck_divergences(v: Validation, by_id: dict[str, Case], strict: bool, wo
     """Known divergences describe the built-in kernel. A contributed kernel's failure inside one
     stays xfail only where the built-in kernel fails that case too; otherwise (and always with
     --strict) it is reported as what it was."""
-    from rlx_conformance.run.session import execute
-
     xf = [r for r in v.results if r.outcome == "xfail" and r.divergence and "was" in r.divergence]
     if not xf:
         return
     builtin_bad: set[str] = set()
     if not strict and builtin_entry(v.op, v.target.backend) is not None:
-        from rlx_conformance.backends import get_backend
-
         stage(f"known divergences: {len(xf)} case(s) against the built-in kernel")
         b = get_backend(v.target.backend)
         contributed = b.kernels[v.op]
@@ -591,16 +566,16 @@ def _recheck_divergences(v: Validation, by_id: dict[str, Case], strict: bool, wo
             r.message += " [the built-in kernel fails this case too]"
             continue
         was = d["was"]
-        prefix = f"known divergence ({d['category']}: {d['reason']}) — was {was}: "
+        prefix = f"known divergence {d['entry']} ({d['category']}: {d['reason']}) — was {was}: "
         msg = r.message[len(prefix):] if r.message.startswith(prefix) else r.message
         why = "--strict" if strict else ("the built-in kernel passes this case" if builtin_entry(
             v.op, v.target.backend) is not None else "there is no built-in kernel to share it")
-        r.outcome, r.message = was, f"{msg} [inside known divergence #{d['entry']}, but {why}]"
+        r.outcome, r.message = was, f"{msg} [inside known divergence {d['entry']}, but {why}]"
 
 
 def _error_probes(spec, svc: Isolated, target: Target) -> list[ErrorProbe]:
-    from rlx_conformance.backends.base import prevalidate
-
+    """Each declared error input through the harness's pre-validation and, separately, to the
+    kernel alone in the isolated worker."""
     if spec.error_inputs is None:
         return []
     out = []
@@ -629,8 +604,6 @@ def _bundles(v: Validation, by_id: dict[str, Case], svc: Isolated, report_dir: P
     """Bundles of the failures the runner did not bundle: those it reported xfail (a known
     divergence) that the built-in kernel turned out not to share. Inputs and reference are
     regenerated from the id; the kernel's outputs come from a rerun in the isolated worker."""
-    from rlx_conformance.run import bundle
-
     for r in v.bad_cases:
         case = by_id.get(r.id)
         if case is None or r.repro:
@@ -648,8 +621,6 @@ def _bundles(v: Validation, by_id: dict[str, Case], svc: Isolated, report_dir: P
 
 
 def _speed(v: Validation, by_id: dict[str, Case], svc: Isolated, k: int, timeout: float) -> dict[str, Any]:
-    from rlx_conformance.generate.matrix import make_inputs
-
     passing = [r for r in v.results if r.outcome == "pass" and r.declared and by_id.get(r.id)]
     if not passing:
         return {"note": "no passing case to time"}
@@ -689,11 +660,6 @@ def _speed(v: Validation, by_id: dict[str, Case], svc: Isolated, k: int, timeout
 
 def _fuzz(v: Validation, spec, svc: Isolated, target: Target, n: int, derandomize: bool, strict: bool,
           report_dir: Path, dtype_globs: list[str] | None = None) -> None:
-    from rlx_conformance.backends import get_backend
-    from rlx_conformance.generate.fuzz import Verdict, explore
-    from rlx_conformance.judge.tolerances import known_divergence
-    from rlx_conformance.run.execute import judge
-
     b = get_backend(target.backend)
     claimed = [d for d in spec.dtypes if b.supports(spec.name, d, target.device)
                and (not dtype_globs or any(fnmatch.fnmatchcase(d, g) for g in dtype_globs))]

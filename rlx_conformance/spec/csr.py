@@ -2,7 +2,7 @@
 the structure classes the case matrix sweeps, and the host-side numerics the judges need
 (norms, condition estimates, residuals, a float64 conjugate gradient with its iteration count).
 
-A CSR triplet is ``values`` [nnz], ``col_idx`` [nnz] int32, ``row_ptr`` [n+1] int32 (OPS.md).
+A CSR triplet is ``values`` [nnz], ``col_idx`` [nnz] int32, ``row_ptr`` [n+1] int32 (the rlx_sparse ops' inputs, docs/ops.md).
 Generators draw only from :class:`rlx_conformance.spec.values.Stream`, so a case id gives
 bit-identical matrices anywhere.
 """
@@ -192,7 +192,7 @@ def residual(a: sp.csr_matrix, x: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def cg(a: sp.csr_matrix, b: np.ndarray, max_iter: int, tol: float,
        dtype=np.float64) -> tuple[np.ndarray, int, bool]:
-    """Conjugate gradient from x0 = 0 (OPS.md): stop when ||r||_2 < tol (the recursively updated
+    """Conjugate gradient from x0 = 0 (docs/ops.md, rlx_sparse.cg_solve): stop when ||r||_2 < tol (the recursively updated
     residual) or after max_iter iterations. Returns (x, iterations, converged)."""
     a = a.astype(dtype)
     b = b.astype(dtype)

@@ -9,7 +9,7 @@ backend exactly as for built-ins (``BACKEND.kernel(name)``, call convention
 
 Two things a declaration adds to an OpSpec:
 
-* :class:`Codec`: RLX's byte encoding of the attributes (OPS.md's table), ``encode(attrs) ->
+* :class:`Codec`: RLX's byte encoding of the attributes (each custom op's in docs/ops.md), ``encode(attrs) ->
   bytes`` and ``decode(bytes) -> attrs``, which round-trip (kept in this module's side table,
   :data:`CUSTOM`, with the spec);
 * ``check_values(inputs, attrs)``: validation of input *values* (index ranges, CSR structure),
@@ -35,6 +35,7 @@ from rlx_conformance.spec.registry import (
     OpSpec,
     Policy,
     Registry,
+    declaration_site,
 )
 
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
@@ -192,7 +193,9 @@ def custom_op(name: str, *, inputs: Sequence[Input], infer: Callable[..., Any],
     try:  # what registry.declare does, into the chosen registry
         spec = registry.add(OpSpec(name=name, family="custom", doc=doc, inputs=tuple(inputs),
                                    infer=infer, dtypes=tuple(dtypes), attrs=attrs,
-                                   check_values=check_values, **spec_fields))
+                                   check_values=check_values,
+                                   declared_at=spec_fields.pop("declared_at", None) or declaration_site(),
+                                   **spec_fields))
     except (TypeError, ValueError) as e:
         raise RegistrationError(f"{name}: {e}") from None
     _table(registry)[name] = CustomOp(spec, codec, check_values)

@@ -12,7 +12,8 @@ import difflib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import CodeType
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -21,6 +22,12 @@ from rlx_conformance.core.errors import SpecError, UnknownOpError
 
 Shape = tuple[int, ...]
 OutSpec = tuple[Shape, str]  # (shape, dtype name); a None dim is data-dependent (non_zero)
+F = TypeVar("F", bound=Callable[..., Any])
+# The hooks' types, for the family modules' declaration helpers (see OpSpec for each contract):
+Infer = Callable[..., list[OutSpec]]
+Generate = Callable[..., list[np.ndarray]]
+CheckValues = Callable[..., None]
+ErrorInputs = Callable[[], list[tuple[str, list[np.ndarray], dict[str, Any]]]]
 
 
 class _Required:
@@ -136,7 +143,7 @@ class OpSpec:
     shapes: str = "unary"  # shape-family kind in cases/shapes/*.toml
     values: tuple[str, ...] = ("random", "special")  # value classes (rlx_conformance/spec/values.py)
     policy: Policy = field(default_factory=Policy)
-    # Output positions the spec leaves undefined (OPS.md): None, or a bool mask broadcast to the output.
+    # Output positions the spec leaves undefined (docs/ops.md): None, or a bool mask broadcast to the output.
     undefined: Callable[..., np.ndarray | None] = _no_undefined
     # "f32": float16/bfloat16 compute in float32 and round once (RLX prepare_f32_exec_graph);
     # "native": pure layout ops stay in their dtype.
@@ -256,13 +263,28 @@ class Registry(Mapping[str, OpSpec]):
 REGISTRY = Registry()
 
 
-def _caller_location() -> str:
+# Code objects of the functions marked with :func:`declaration_helper`.
+_HELPER_CODES: set[CodeType] = set()
+
+
+def declaration_helper(fn: F) -> F:
+    """Mark ``fn`` as a declaration helper: a function that calls :func:`declare` on its caller's
+    behalf with a family's fixed fields filled in (``unary("exp", "e^x", domain="exp")`` in
+    ``ops/elementwise.py``), so that ``declared_at`` names the line of the call, where the op is
+    read, rather than the line inside the helper."""
+    _HELPER_CODES.add(fn.__code__)
+    return fn
+
+
+def declaration_site() -> str:
     """file:line of the declaration: the first frame outside this package's declaration helpers
-    (``rlx_conformance.spec``) and outside private helper modules of ``rlx_conformance.ops``."""
+    (``rlx_conformance.spec``), outside private helper modules of ``rlx_conformance.ops`` and
+    outside functions marked with :func:`declaration_helper`."""
     frame = sys._getframe(1)
     while frame is not None:
         mod = frame.f_globals.get("__name__", "")
-        if not (mod.startswith("rlx_conformance.spec") or mod.startswith("rlx_conformance.ops._")):
+        if not (mod.startswith(("rlx_conformance.spec", "rlx_conformance.ops._"))
+                or frame.f_code in _HELPER_CODES):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
@@ -270,5 +292,5 @@ def _caller_location() -> str:
 
 def declare(**kw: Any) -> OpSpec:
     """Declare an op in the global registry (used by the family modules in ``rlx_conformance.ops``)."""
-    kw.setdefault("declared_at", _caller_location())
+    kw.setdefault("declared_at", declaration_site())
     return REGISTRY.add(OpSpec(**kw))

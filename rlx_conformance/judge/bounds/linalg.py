@@ -15,13 +15,17 @@ U64 that of the float64 reference, ``ULD`` that of the long double used for resi
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.linalg
 
 from rlx_conformance.core import dtypes as dt
+from rlx_conformance.core.errors import SpecError
+from rlx_conformance.judge.bounds.gamma import gamma
 from rlx_conformance.judge.compare import Comparison, ulp_distance
+from rlx_conformance.spec import infer
 
 U64 = 2.0**-53
 ULD = float(np.finfo(np.longdouble).eps) / 2
@@ -33,12 +37,6 @@ def uc(dtype: str) -> float:
 
 def uo(dtype: str) -> float:
     return dt.finfo(dtype).unit_roundoff if dt.compute_dtype(dtype) != dtype else 0.0
-
-
-def gam(n: float, u: float) -> float:
-    """gamma_n = n u / (1 - n u) (Higham 3.4); inf once n u >= 1."""
-    nu = n * u
-    return nu / (1 - nu) if nu < 1 else math.inf
 
 
 # -- small helpers ------------------------------------------------------------------------------
@@ -99,7 +97,7 @@ def dot_bound(abs_sum: np.ndarray, nonfinite_terms: np.ndarray, k: int, out_dtyp
     same way in every order."""
     cdt = dt.compute_dtype(out_dtype)
     big = dt.finfo(cdt).max
-    b = (gam(k, uc(out_dtype)) + gam(k, u_ref)) * abs_sum
+    b = (gamma(k, uc(out_dtype)) + gamma(k, u_ref)) * abs_sum
     b = np.where(nonfinite_terms > 0, 0.0, b)
     return np.where(abs_sum > big, np.nan, b)
 
@@ -121,6 +119,62 @@ def bilinear_bound(f, a: np.ndarray, b: np.ndarray, k: int, out_dtype: str, u_re
         s = f(fa, fb)
         nf = f(na, ones_b) + f(ones_a, nb) - f(na, nb)
     return dot_bound(s, nf, k, out_dtype, u_ref)
+
+
+# -- mat_mul and dot_general (the dims are shared with the declarations and both backends) ---
+def dot_general_dims(name: str, a: Sequence[int], b: Sequence[int], attrs: Mapping[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """Normalised (lhs_contracting, rhs_contracting, lhs_batch, rhs_batch, lhs_free, rhs_free)."""
+    lc, rc, lbt, rbt = (attrs[k] for k in ("lhs_contracting", "rhs_contracting", "lhs_batch", "rhs_batch"))
+    if len(lc) != len(rc) or len(lbt) != len(rbt):
+        raise SpecError(f"{name}: lhs/rhs contracting and batch dims must pair up "
+                        f"({len(lc)} vs {len(rc)} contracting, {len(lbt)} vs {len(rbt)} batch)")
+    lc, lbt = ([infer.norm_axis(name, d, len(a), "lhs dim") for d in v] for v in (lc, lbt))
+    rc, rbt = ([infer.norm_axis(name, d, len(b), "rhs dim") for d in v] for v in (rc, rbt))
+    for side, dims in (("lhs", lc + lbt), ("rhs", rc + rbt)):
+        if len(set(dims)) != len(dims):
+            raise SpecError(f"{name}: {side} dims repeat across contracting and batch: {dims}")
+    for x, y, what in ((lc, rc, "contracting"), (lbt, rbt, "batch")):
+        for i, j in zip(x, y):
+            if a[i] != b[j]:
+                raise SpecError(f"{name}: {what} sizes differ: lhs dim {i} is {a[i]}, rhs dim {j} is {b[j]}")
+    lf = tuple(d for d in range(len(a)) if d not in lc + lbt)
+    rf = tuple(d for d in range(len(b)) if d not in rc + rbt)
+    return tuple(lc), tuple(rc), tuple(lbt), tuple(rbt), lf, rf
+
+
+def reference_roundoff(dtype: str) -> float:
+    """The reference computes float64 products in long double, narrower dtypes in float64."""
+    return ULD if dt.compute_dtype(dtype) == "float64" else U64
+
+
+def matmul_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+    a, b = inputs
+    k = a.shape[-1]
+    a2 = a if a.ndim >= 2 else a[None, :]
+    b2 = b if b.ndim >= 2 else b[:, None]
+    bound = bilinear_bound(np.matmul, a2, b2, k, out_dtype, reference_roundoff(out_dtype))
+    if a.ndim == 1:
+        bound = bound[..., 0, :]
+    if b.ndim == 1:
+        bound = bound[..., 0]
+    return bound
+
+
+def dot_general_canonical(a: np.ndarray, b: np.ndarray, attrs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """(lhs as [B, M, K], rhs as [B, K, N], output shape): the one layout both the reference and
+    the bound compute in."""
+    lc, rc, lbt, rbt, lf, rf = dot_general_dims("dot_general", a.shape, b.shape, attrs)
+    size = lambda x, dims: math.prod(x.shape[d] for d in dims)  # noqa: E731
+    A = np.transpose(a, lbt + lf + lc).reshape(size(a, lbt), size(a, lf), size(a, lc))
+    B = np.transpose(b, rbt + rc + rf).reshape(size(b, rbt), size(b, rc), size(b, rf))
+    out = tuple(a.shape[d] for d in lbt) + tuple(a.shape[d] for d in lf) + tuple(b.shape[d] for d in rf)
+    return A, B, out
+
+
+def dot_general_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+    A, B, out = dot_general_canonical(*inputs, attrs)
+    bound = bilinear_bound(np.matmul, A, B, A.shape[-1], out_dtype, reference_roundoff(out_dtype))
+    return bound.reshape(out)
 
 
 # -- solvers -------------------------------------------------------------------------------------
@@ -195,7 +249,7 @@ def solve_check(inputs: Sequence[np.ndarray], attrs, expected, actual) -> list[C
     for i in range(A.shape[0]):
         a, xb, bb, eb = A[i], X[i], B[i], E[i]
         g = _lu_growth(a)
-        allowed_eta = 2 * gam(3 * n, uc(dtype)) * g + 2 * uo(dtype) + gam(n + 1, ULD)
+        allowed_eta = 2 * gamma(3 * n, uc(dtype)) * g + 2 * uo(dtype) + gamma(n + 1, ULD)
         fin = np.isfinite(eb).all(0) & np.isfinite(xb).all(0)
         xb0 = np.where(np.isfinite(xb), xb, 0.0)
         r = bb.astype(np.longdouble) - a.astype(np.longdouble) @ xb0.astype(np.longdouble)
@@ -205,7 +259,7 @@ def solve_check(inputs: Sequence[np.ndarray], attrs, expected, actual) -> list[C
             eta = np.where(fin & (den > 0), np.abs(r).max(0).astype(np.float64) / den, 0.0)
         back = _worst(back, eta, np.full_like(eta, allowed_eta))
         kappa = anorm * _inv_norm(a)
-        allowed_f = _forward_allowed(np.full_like(eta, kappa), eta, 2 * gam(3 * n, U64) * g, dtype)
+        allowed_f = _forward_allowed(np.full_like(eta, kappa), eta, 2 * gamma(3 * n, U64) * g, dtype)
         ex = np.abs(eb).max(0)
         with np.errstate(invalid="ignore", divide="ignore"):
             ferr = np.where(fin & (ex > 0), np.abs(xb0 - eb).max(0) / ex, 0.0)
@@ -242,7 +296,7 @@ def triangular_check(inputs, attrs, expected, actual) -> list[Comparison]:
     if fail and np.isfinite(e.astype(np.float64)).all():
         return [fail]
     back, fwd = (-1.0, 0.0, 0.0), (-1.0, 0.0, math.nan)
-    c_b = 2 * gam(2 * n, uc(dtype)) + 1.01 * uo(dtype)
+    c_b = 2 * gamma(2 * n, uc(dtype)) + 1.01 * uo(dtype)
     for i in range(A.shape[0]):
         t = tri(A[i], attrs["lower"])
         op = t.T if attrs["transpose"] else t
@@ -251,7 +305,7 @@ def triangular_check(inputs, attrs, expected, actual) -> list[Comparison]:
         xb0 = np.where(np.isfinite(xb), xb, 0.0)
         r = np.abs(bb.astype(np.longdouble) - op.astype(np.longdouble) @ xb0.astype(np.longdouble)).astype(np.float64)
         scale = np.abs(op) @ np.abs(xb0)
-        slack = gam(n + 1, ULD) * (scale + np.abs(bb))  # the residual's own rounding
+        slack = gamma(n + 1, ULD) * (scale + np.abs(bb))  # the residual's own rounding
         back = _worst(back, np.where(fin, np.maximum(r - slack, 0), 0.0), c_b * scale)
         with np.errstate(invalid="ignore", divide="ignore"):
             omega = np.where(fin, (np.maximum(r - slack, 0) / (scale + np.abs(bb))).max(0), 0.0)
@@ -261,7 +315,7 @@ def triangular_check(inputs, attrs, expected, actual) -> list[Comparison]:
             skeel = (np.abs(tinv) @ (np.abs(op) @ np.abs(eb))).max(0) / np.where(ex > 0, ex, 1)
             diff = np.abs(xb0 - np.where(np.isfinite(eb), eb, 0)).max(0)
             ferr = np.where(fin & (ex > 0), diff / np.where(ex > 0, ex, 1), 0.0)
-        allowed_f = _forward_allowed(skeel, omega, gam(2 * n, U64), dtype)
+        allowed_f = _forward_allowed(skeel, omega, gamma(2 * n, U64), dtype)
         fwd = _worst(fwd, ferr, np.where(fin, allowed_f, np.nan))
     return [verdict("backward error", back[0], 1.0,
                     f"componentwise |b - op(T)x| / (2 gamma_2n + uo)|op(T)||x| (worst residual "
@@ -294,7 +348,7 @@ def cholesky_check(inputs, attrs, expected, actual) -> list[Comparison]:
     n_upper = int((L[:, upper] != 0).sum())
     diag = np.diagonal(L, axis1=-2, axis2=-1)
     n_diag = int((diag <= 0).sum())
-    c = 2 * gam(n + 1, uc(dtype)) + 2.01 * uo(dtype) + gam(n + 1, ULD)
+    c = 2 * gamma(n + 1, uc(dtype)) + 2.01 * uo(dtype) + gamma(n + 1, ULD)
     recon_ratio = 0.0
     fwd, fwd_allowed, fwd_ratio = 0.0, math.nan, 0.0
     for i in range(L.shape[0]):
@@ -306,7 +360,7 @@ def cholesky_check(inputs, attrs, expected, actual) -> list[Comparison]:
         recon_ratio = max(recon_ratio, float(q.max()))
         s = np.linalg.svd(A[i], compute_uv=False)
         kappa = s[0] / s[-1] if s[-1] > 0 else math.inf
-        allow = kappa * n * (c + 2 * gam(n + 1, U64)) + 2 * uo(dtype)
+        allow = kappa * n * (c + 2 * gamma(n + 1, U64)) + 2 * uo(dtype)
         err = np.linalg.norm(L[i] - E[i]) / max(np.linalg.norm(E[i], 2), 1e-300)
         if allow < 1 and err / allow >= fwd_ratio:
             fwd, fwd_allowed, fwd_ratio = float(err), float(allow), err / allow
@@ -327,7 +381,7 @@ def alg_eps(dtype: str, m: int, n: int) -> float:
     ||dA|| <= gamma_(4 p) ||A||, p = max(m, n) (Higham Thm 19.4 and its SVD analogue; the factor 4
     covers the blocked/bidiagonalization variants), plus the float64 reference's share."""
     p = _p(m, n)
-    return gam(4 * p, uc(dtype)) + gam(4 * p, U64)
+    return gamma(4 * p, uc(dtype)) + gamma(4 * p, U64)
 
 
 def orth_eps(dtype: str, m: int, n: int) -> float:
@@ -535,7 +589,7 @@ def _log_adj_terms(a: np.ndarray) -> tuple[float, float, float]:
 def _det_terms(a_in: np.ndarray, dtype: str):
     A = mats(a_in.astype(np.float64))
     n = A.shape[-1]
-    eps = 2 * gam(3 * n, uc(dtype)) + 2 * gam(3 * n, U64)
+    eps = 2 * gamma(3 * n, uc(dtype)) + 2 * gamma(3 * n, U64)
     return A, n, eps
 
 
@@ -553,7 +607,7 @@ def det_bound(inputs, attrs, out_dtype: str) -> np.ndarray:
         return out.reshape(a_in.shape[:-2])
     for i, a in enumerate(A):
         log_terms, logdet, _ = _log_adj_terms(a)
-        lb = np.logaddexp(math.log(eps) + log_terms, math.log(gam(n, uc(out_dtype))) + logdet)
+        lb = np.logaddexp(math.log(eps) + log_terms, math.log(gamma(n, uc(out_dtype))) + logdet)
         b = math.exp(lb) if lb < 709 else math.inf
         det_abs = math.exp(logdet) if logdet < 709 else math.inf
         if det_abs + b > fi.max and det_abs - b < fi.max * (1 + fi.eps):
@@ -578,5 +632,5 @@ def log_det_bound(inputs, attrs, out_dtype: str) -> np.ndarray:
             out[i] = math.nan
             continue
         rel = math.exp(min(math.log(eps) + log_terms - logdet, 700.0))
-        out[i] = math.nan if rel > 0.5 else 2 * rel + (gam(n, u) + 2 * u) * sum_logs + 2 * u
+        out[i] = math.nan if rel > 0.5 else 2 * rel + (gamma(n, u) + 2 * u) * sum_logs + 2 * u
     return out.reshape(a_in.shape[:-2])

@@ -8,6 +8,10 @@ Non-finite inputs: a NaN reaching an output propagates the same way in every alg
 positions must match exactly (bound 0); infinities can legitimately become NaN or +-inf depending
 on the order of operations, so positions they reach are unasserted (NaN bound). Sums whose
 finite terms can overflow the compute dtype are unasserted too.
+
+The attention geometry (:func:`attention_dims`, :func:`allowed_keys`) and :func:`rope_pairs` are
+here, below the declarations (ops/nn.py) and both backends that use them: the bounds need the
+same shapes, masks and pairs.
 """
 from __future__ import annotations
 
@@ -16,7 +20,10 @@ import math
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.bounds.linalg import U64, gam
+from rlx_conformance.core.errors import SpecError
+from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.linalg import U64
+from rlx_conformance.spec import infer
 
 SAFETY = 2.0
 
@@ -52,7 +59,7 @@ def _normalize_bound(x, g, b, axes, n, eps, out_dtype, rms: bool):
     with np.errstate(all="ignore"):
         if rms:
             ms = np.mean(x0 * x0, axis=axes, keepdims=True)
-            e_v = gam(n + 1, u) * ms
+            e_v = gamma(n + 1, u) * ms
             v = ms
             r = 1 / np.sqrt(ms + eps)
             z = x0 * r
@@ -63,9 +70,9 @@ def _normalize_bound(x, g, b, axes, n, eps, out_dtype, rms: bool):
             mu = np.mean(x0, axis=axes, keepdims=True)
             d = x0 - mu
             v = np.mean(d * d, axis=axes, keepdims=True)
-            e_mu = gam(n + 1, u) * np.mean(np.abs(x0), axis=axes, keepdims=True)
+            e_mu = gamma(n + 1, u) * np.mean(np.abs(x0), axis=axes, keepdims=True)
             e_d = e_mu + u * (np.abs(d) + e_mu)
-            e_v = gam(n + 2, u) * v + 2 * np.mean(np.abs(d) * e_d, axis=axes, keepdims=True) \
+            e_v = gamma(n + 2, u) * v + 2 * np.mean(np.abs(d) * e_d, axis=axes, keepdims=True) \
                 + np.mean(e_d * e_d, axis=axes, keepdims=True)
             r = 1 / np.sqrt(v + eps)
             z = d * r
@@ -135,14 +142,56 @@ def batch_norm_bound(inputs, attrs, out_dtype):
     return _finish(bound, nan_at, unasserted)
 
 
+# -- attention geometry (shared with the declarations and both backends) ------------------------
+def attention_dims(name: str, q, k, v, mask, attrs) -> tuple[int, int, int, int, int, int]:
+    """(B, Sq, Sk, H, Hkv, D), after checking every shape and attribute."""
+    h, d = attrs["num_heads"], attrs["head_dim"]
+    if len(q) != 3 or len(k) != 3 or len(v) != 3:
+        raise SpecError(f"{name}: q, k, v must be [B, S, heads*head_dim], got {q}, {k}, {v}")
+    if h < 1 or d < 1 or q[-1] != h * d:
+        raise SpecError(f"{name}: q's last dim {q[-1]} != num_heads*head_dim = {h}*{d}")
+    if k != v or k[0] != q[0] or k[-1] % d:
+        raise SpecError(f"{name}: k {k} and v {v} must be equal [B, Sk, Hkv*{d}] with q's batch {q[0]}")
+    hkv = k[-1] // d
+    if hkv < 1 or h % hkv:
+        raise SpecError(f"{name}: {hkv} key/value heads do not divide {h} query heads")
+    b, sq, sk = q[0], q[1], k[1]
+    kind, w = attrs["mask_kind"], attrs["window"]
+    if kind in ("custom", "bias"):
+        if not mask or len(mask) > 4:
+            raise SpecError(f"{name}: mask_kind={kind} needs a mask broadcastable to [B, H, Sq, Sk]")
+        infer.broadcast(name, [tuple(mask), (b, h, sq, sk)])
+        if infer.broadcast(name, [tuple(mask), (b, h, sq, sk)]) != (b, h, sq, sk):
+            raise SpecError(f"{name}: mask {mask} does not broadcast to {(b, h, sq, sk)}")
+    elif math.prod(mask) != 0:
+        raise SpecError(f"{name}: mask_kind={kind} takes no mask (pass an empty array), got {mask}")
+    if (kind == "sliding_window") != (w > 0) or w < 0:
+        raise SpecError(f"{name}: window={w} is for mask_kind=sliding_window (w >= 1) only")
+    if kind in ("causal", "sliding_window") and sq > sk:
+        raise SpecError(f"{name}: {kind} puts the {sq} queries at the end of {sk} keys: needs Sq <= Sk")
+    if attrs["score_scale"] < 0 or attrs["logit_softcap"] < 0:
+        raise SpecError(f"{name}: score_scale and logit_softcap must be >= 0")
+    return b, sq, sk, h, hkv, d
+
+
+def allowed_keys(kind: str, window: int, sq: int, sk: int) -> np.ndarray:
+    """[Sq, Sk] bool of the structural masks (none, causal, sliding_window); query i sits at
+    absolute position Sk - Sq + i."""
+    pos = np.arange(sq)[:, None] + (sk - sq)
+    j = np.arange(sk)[None, :]
+    if kind == "causal":
+        return j <= pos
+    if kind == "sliding_window":
+        return (j <= pos) & (j > pos - window)
+    return np.ones((sq, sk), bool)
+
+
 def attention_bound(inputs, attrs, out_dtype):
     """Scores s_ij = scale q_i.k_j have |error| <= e_ij = gamma_D scale |q_i|.|k_j| + u |s_ij| (+ 3u
     |capped score| for the softcap, which is 1-Lipschitz, + u(|s| + |bias|) for a bias). With
     E_i = max over attended j of e_ij, softmax weights change by at most a factor exp(+-2 E_i)
     and carry (Sk + 4) u of their own rounding, and the weighted sum of values adds gamma_Sk:
     |o_id - o^_id| <= (expm1(2 E_i) + 2 (Sk + 4) u + gamma_Sk) sum_j p_ij |v_jd|."""
-    from rlx_conformance.ops.nn import allowed_keys, attention_dims
-
     q, k, v, mask = inputs
     b, sq, sk, h, hkv, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
     u = _u(out_dtype) + U64
@@ -155,7 +204,7 @@ def attention_bound(inputs, attrs, out_dtype):
     vh = np.repeat(v.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), rep, axis=1)
     with np.errstate(all="ignore"):
         s = scale * qh @ np.swapaxes(kh, -1, -2)
-        e = gam(d, u) * scale * (np.abs(qh) @ np.abs(np.swapaxes(kh, -1, -2))) + u * np.abs(s)
+        e = gamma(d, u) * scale * (np.abs(qh) @ np.abs(np.swapaxes(kh, -1, -2))) + u * np.abs(s)
         if cap > 0:
             s = cap * np.tanh(s / cap)
             e = e + 3 * u * np.abs(s)
@@ -172,7 +221,7 @@ def attention_bound(inputs, attrs, out_dtype):
         p = np.exp(s - mx)
         p = p / p.sum(-1, keepdims=True)
         big_e = np.max(np.where(allowed, e, 0.0), axis=-1, keepdims=True)
-        rel = np.expm1(2 * big_e) + 2 * (sk + 4) * u + gam(sk, u)
+        rel = np.expm1(2 * big_e) + 2 * (sk + 4) * u + gamma(sk, u)
         bound = SAFETY * rel * (p @ np.abs(vh))  # [b, h, sq, d]
     bound = np.where(np.isfinite(bound), bound, np.nan)
     return bound.transpose(0, 2, 1, 3).reshape(b, sq, h * d)

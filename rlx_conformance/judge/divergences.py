@@ -1,0 +1,376 @@
+"""Known divergences (cases/known_divergences.toml): which entry scopes a case, and which entries
+a set of records shows to be stale.
+
+An entry is named by its ``key`` (unique, checked at load): records (``divergence.entry``),
+reports and messages use it, so that adding or moving an entry renames no other. Its scope is an
+op glob or a list of them, and optionally a dtype or list of dtypes, backend, device, mode, value
+class (``vals``), shape and case-id globs. Each item of a list field is a *part* of the entry,
+judged stale on its own: the file keeps one entry per reason, and a fix of one op still shows.
+
+Knows nothing of case generation: the run layer (run/staleness.py) says whether a run held an
+entry's whole scope, and passes that in.
+"""
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Protocol
+
+from rlx_conformance.core import data
+from rlx_conformance.core.errors import RlxError
+
+CATEGORIES = ("unimplemented", "undefined-by-spec", "backend-bug", "precision")
+
+FILE = "cases/known_divergences.toml"
+_KEY = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+_FIELDS = frozenset({"key", "op", "category", "reason", "dtype", "backend", "device", "mode", "vals",
+                     "shape", "id", "link", "timeout", "strict", "isolate"})
+_LISTS = ("op", "dtype", "id")  # the fields that take a list; each item is a part of the entry
+
+# A part of an entry: for each list field of more than one item, the item a case falls under
+# (op, then dtype, then id); () for an entry without such lists, which is one part.
+Part = tuple[str, ...]
+
+
+class CaseLike(Protocol):
+    """What matching needs of a case: a matrix Case, an exhaustive row's pseudo case, or a
+    record's fields (rejudge)."""
+
+    op: str
+    dtype: str
+    id: str
+    target: Any  # backend, device, mode
+
+
+def _id_fields(case_id: str) -> tuple[str, str]:
+    """(shape, vals) of a case id op/dtype/shape:S/attr:v/.../vals:V/target; "" where absent."""
+    parts = case_id.split("/")
+    shape = parts[2][6:] if len(parts) > 2 and parts[2].startswith("shape:") else ""
+    vals = parts[-2][5:] if len(parts) > 1 and parts[-2].startswith("vals:") else ""
+    return shape, vals
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A known divergence. It scopes a set of cases; the failures among them report xfail. When
+    none of the cases of one of its parts fails any more, that part is stale: its cases report
+    xpass (strict)."""
+
+    key: str  # the entry's identity in records, reports and messages
+    op: tuple[str, ...]  # op name globs
+    category: str
+    reason: str
+    dtype: tuple[str, ...] | None = None
+    backend: str | None = None
+    device: str | None = None
+    mode: str | None = None
+    vals: str | None = None  # glob over the case's value class
+    shape: str | None = None  # glob over the shape part of the case id (1x2, 0x5+5x4)
+    id: tuple[str, ...] | None = None  # globs over the whole case id, any of which may match
+    link: str | None = None
+    timeout: float | None = None  # a known hang: kill its cases after this many seconds
+    # false for a nondeterministic divergence (a hang or heap corruption that shows only in some
+    # runs): its cases never report xpass, since passing once proves nothing.
+    strict: bool = True
+    # true for a divergence that corrupts the process (heap corruption): its cases run alone in
+    # a worker that is replaced afterwards, so that nothing later runs on a damaged heap.
+    isolate: bool = False
+
+    def matches(self, case: CaseLike) -> bool:
+        t = case.target
+        if not (any(fnmatch.fnmatchcase(case.op, g) for g in self.op)
+                and (self.dtype is None or case.dtype in self.dtype)
+                and self.backend in (None, t.backend) and self.device in (None, t.device)
+                and self.mode in (None, t.mode)):
+            return False
+        if self.vals is not None or self.shape is not None:
+            shape, vals = _id_fields(case.id)
+            if not ((self.vals is None or fnmatch.fnmatchcase(vals, self.vals))
+                    and (self.shape is None or fnmatch.fnmatchcase(shape, self.shape))):
+                return False
+        return self.id is None or any(fnmatch.fnmatchcase(case.id, g) for g in self.id)
+
+    @property
+    def exhaustive(self) -> bool:
+        """Scoped to the exhaustive sweep's rows (vals exhaustive), which the matrix never makes."""
+        return self.vals == "exhaustive" or any("vals:exhaustive" in g for g in self.id or ())
+
+    def part(self, op: str, dtype: str, case_id: str) -> Part:
+        """The part of this entry a case (of its scope) falls under."""
+        out: list[str] = []
+        if len(self.op) > 1:
+            out.append(next((g for g in self.op if fnmatch.fnmatchcase(op, g)), op))
+        if self.dtype is not None and len(self.dtype) > 1:
+            out.append(dtype)
+        if self.id is not None and len(self.id) > 1:
+            out.append(next((g for g in self.id if fnmatch.fnmatchcase(case_id, g)), ""))
+        return tuple(out)
+
+    def parts(self) -> list[Part]:
+        """Every part of the entry: the product of its list fields' items."""
+        lists = [list(v) for v in (self.op, self.dtype, self.id) if v is not None and len(v) > 1]
+        return [tuple(p) for p in itertools.product(*lists)]
+
+    def part_ops(self, part: Part) -> tuple[str, ...]:
+        """The op globs of a part: its op, or every op glob of an entry without an op list."""
+        return (part[0],) if len(self.op) > 1 else self.op
+
+    def describe(self, part: Part = ()) -> str:
+        """A part in words for messages ("sin", "sign float16"); the op globs for the whole entry."""
+        return " ".join(part) if part else ", ".join(self.op)
+
+
+def _strings(v: Any, name: str, where: str) -> tuple[str, ...]:
+    items = (v,) if isinstance(v, str) else v
+    if not isinstance(items, list | tuple) or not items or not all(isinstance(s, str) and s for s in items):
+        raise RlxError(f"{where}: {name} must be a string or a non-empty list of strings")
+    return tuple(items)
+
+
+def _entry(raw: dict[str, Any], where: str) -> Divergence:
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        raise RlxError(f"{where}: unknown field(s) {', '.join(unknown)} (fields: {', '.join(sorted(_FIELDS))})")
+    key = raw.get("key")
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise RlxError(f"{where}: needs a key of lowercase letters, digits and dashes "
+                       "(e.g. key = \"float64-float32-grade-math\")")
+    if raw.get("category") not in CATEGORIES:
+        raise RlxError(f"{where}: category must be one of {', '.join(CATEGORIES)}")
+    if not raw.get("reason"):
+        raise RlxError(f"{where}: needs a reason")
+    if "op" not in raw:
+        raise RlxError(f"{where}: needs an op (a glob or a list of globs)")
+    kw = dict(raw)
+    for name in _LISTS:
+        if name in kw:
+            kw[name] = _strings(kw[name], name, where)
+    for name in ("backend", "device", "mode", "vals", "shape", "link"):
+        if name in kw and not isinstance(kw[name], str):
+            raise RlxError(f"{where}: {name} must be a string")
+    for name in ("strict", "isolate"):
+        if name in kw and not isinstance(kw[name], bool):
+            raise RlxError(f"{where}: {name} must be true or false")
+    if "timeout" in kw and (isinstance(kw["timeout"], bool) or not isinstance(kw["timeout"], int | float)):
+        raise RlxError(f"{where}: timeout must be a number of seconds")
+    return Divergence(**kw)
+
+
+@cache
+def divergences() -> tuple[Divergence, ...]:
+    """The entries of cases/known_divergences.toml in file order (checked: fields, unique keys)."""
+    raw = data.load("known_divergences.toml").get("divergence", [])
+    out: list[Divergence] = []
+    seen: set[str] = set()
+    for i, d in enumerate(raw):
+        where = f"{FILE} entry {d.get('key') or f'#{i + 1}'} ({d.get('op', '?')})"
+        e = _entry(d, where)
+        if e.key in seen:
+            raise RlxError(f"{where}: key {e.key!r} is used by an earlier entry too; keys are unique")
+        seen.add(e.key)
+        out.append(e)
+    return tuple(out)
+
+
+_by_key: list[Any] = [None, {}]  # (the divergences() tuple it was built from, key -> entry)
+
+
+def by_key() -> dict[str, Divergence]:
+    """The entries by key (rebuilt whenever divergences() gives another tuple)."""
+    divs = divergences()
+    if divs is not _by_key[0]:
+        _by_key[:] = [divs, {d.key: d for d in divs}]
+    return _by_key[1]
+
+
+# Records written before entries had keys name an entry by its position in the file as it was
+# then (1-based); these are the keys of those positions (the 118 entries of that file, merged
+# since into one entry per reason), so that such a record still finds its entry.
+_KEYS_BY_OLD_POSITION: tuple[str, ...] = (
+    *(("float64-float32-grade-math",) * 11),  # 1-11
+    "gelu-approx-tanh-cancellation",  # 12
+    "mlx-cpu-float32-exp-ulp",  # 13
+    "mlx-cpu-bfloat16-exp-erf-subnormal-flush",  # 14
+    "mlx-cpu-float32-erf-ulp",  # 15
+    "mlx-cpu-float16-erf-ulp",  # 16
+    "mlx-cpu-bfloat16-exp-erf-subnormal-flush",  # 17
+    "mlx-cpu-float32-exp-activations",  # 18
+    "float32-exp-activations",  # 19
+    *(("mlx-cpu-float32-exp-activations",) * 2),  # 20-21
+    *(("float32-exp-activations",) * 2),  # 22-23
+    "bfloat16-sigmoid-subnormal-flush",  # 24
+    *(("mlx-cpu-bfloat16-exp-erf-subnormal-flush",) * 3),  # 25-27
+    *(("silu-mish-neg-inf-nan",) * 4),  # 28-31
+    *(("hard-swish-neg-inf-nan",) * 4),  # 32-35
+    "gelu-erf-cancellation",  # 36
+    "gelu-approx-tanh-cancellation",  # 37
+    "gelu-erf-cancellation",  # 38
+    "gelu-approx-tanh-cancellation",  # 39
+    "gelu-erf-cancellation",  # 40
+    "gelu-approx-tanh-cancellation",  # 41
+    "mlx-cpu-float32-cos-near-zeros",  # 42
+    "sign-nan-is-zero",  # 43
+    "softsign-inf-over-inf",  # 44
+    "sign-nan-is-zero",  # 45
+    "softsign-inf-over-inf",  # 46
+    "sign-nan-is-zero",  # 47
+    "softsign-inf-over-inf",  # 48
+    "sign-nan-is-zero",  # 49
+    "softsign-inf-over-inf",  # 50
+    *(("integer-div-mod-by-zero-sigfpe",) * 4),  # 51-54
+    "empty-leading-axis-reduction-hang",  # 55
+    "empty-reduction-identity",  # 56
+    "argmax-argmin-empty-rows",  # 57
+    *(("no-fused-multiply-add",) * 2),  # 58-59
+    *(("float64-cast-double-rounding",) * 2),  # 60-61
+    "float64-softmax-exp",  # 62
+    "float32-softmax-exp-ulp",  # 63
+    "logsumexp-empty-rows",  # 64
+    "float64-softmax-cross-entropy-exp",  # 65
+    "onnx-scatter-max-min-nan",  # 66
+    "float64-lu-1x1-heap-corruption",  # 67
+    "float64-attention-exp",  # 68
+    "float64-grouped-conv-unsupported",  # 69
+    "float64-conv-float32-accuracy",  # 70
+    "float64-strided-conv-transpose-unsupported",  # 71
+    "float64-conv-transpose-float32-accuracy",  # 72
+    "float32-det-cofactor-overflow",  # 73
+    "log-det-cofactor-overflow",  # 74
+    "float64-det-exp",  # 75
+    *(("float64-norm-cpu-fallback-float32",) * 2),  # 76-77
+    "float32-triangular-solve-inverse",  # 78
+    "float64-solve-1x1-heap-corruption",  # 79
+    "exhaustive-sign-nan-is-zero",  # 80
+    "exhaustive-softsign-inf-over-inf",  # 81
+    *(("exhaustive-neg-inf-times-zero",) * 3),  # 82-84
+    "exhaustive-cpu-bfloat16-exp-subnormal-flush",  # 85
+    "exhaustive-bfloat16-sigmoid-subnormal-flush",  # 86
+    *(("exhaustive-cpu-bfloat16-exp-subnormal-flush",) * 2),  # 87-88
+    "exhaustive-bfloat16-elu-cancellation",  # 89
+    "exhaustive-cpu-erf-small-x",  # 90
+    "cuda-float32-matmul-no-rows-sigsegv",  # 91
+    *(("cuda-tf32-matmul",) * 2),  # 92-93
+    "cuda-float32-attention-tf32",  # 94
+    "cuda-conv-transpose-stride2-garbage",  # 95
+    *(("cuda-compiled-activation-empty-sigabrt",) * 4),  # 96-99
+    "cuda-compiled-mode-empty-arrays",  # 100
+    "cuda-compiled-gather-empty-index",  # 101
+    "cuda-sort-strided-axis-graph-error",  # 102
+    "cuda-fft-length-1-strided",  # 103
+    "cuda-scatter-add-atomics-flush",  # 104
+    "float64-grouped-conv-transpose-unsupported",  # 105
+    "cuda-sort-strided-axis-graph-error",  # 106
+    *(("cuda-norm-no-rows-graph-error",) * 2),  # 107-108
+    "cuda-float64-matmul-no-rows-sigsegv",  # 109
+    *(("cuda-compiled-activation-empty-sigfpe",) * 6),  # 110-115
+    *(("cuda-uint8-div-mod-after-zero-divisor",) * 2),  # 116-117
+    "cuda-bfloat16-elu-cancellation",  # 118
+)
+
+
+def entry_key(entry: Any) -> Any:
+    """A record's ``divergence.entry`` as a key: keys pass through, an old position is looked up
+    (see _KEYS_BY_OLD_POSITION); anything else comes back as it is."""
+    if isinstance(entry, int) and not isinstance(entry, bool) and 1 <= entry <= len(_KEYS_BY_OLD_POSITION):
+        return _KEYS_BY_OLD_POSITION[entry - 1]
+    return entry
+
+
+class _Record(Protocol):
+    op: str
+    dtype: str
+    id: str
+    outcome: str
+    device: str
+    mode: str
+    divergence: dict[str, Any] | None
+
+
+def part_of(r: _Record) -> tuple[Divergence, Part] | None:
+    """The entry (and part of it) a record's divergence names; None for a record outside every
+    entry, or one naming an entry the file no longer has."""
+    if r.divergence is None:
+        return None
+    d = by_key().get(entry_key(r.divergence.get("entry")))
+    return None if d is None else (d, d.part(r.op, r.dtype, r.id))
+
+
+def entry_name(r: _Record) -> str:
+    """The entry a record's divergence names, for messages: its key, and the part of it where the
+    entry has several ("sign-nan-is-zero (sign float16)")."""
+    hit = part_of(r)
+    if hit is None:
+        return str((r.divergence or {}).get("entry"))
+    d, part = hit
+    return d.key + (f" ({d.describe(part)})" if part else "")
+
+
+# (entry, part) pairs whose whole scope on the run's targets is among the records: the run layer's
+# answer (run/staleness.py), which generates the cases of each part.
+Coverage = Callable[[list[tuple[Divergence, Part]], Sequence[_Record]], list[tuple[Divergence, Part]]]
+
+
+def stale_entries(results: Sequence[_Record], fully_covered: Coverage
+                  ) -> tuple[set[tuple[str, Part]], list[tuple[Divergence, Part]]]:
+    """The parts of entries none of whose matched cases failed (xpass: the divergence is gone) as
+    (key, part), and the parts that matched no case at all (a warning: the scope is wrong or the
+    cases were removed). Only a run that held a part's every case can call it stale: that is
+    ``fully_covered``'s to say (a run of reduce_sum alone must not call the entry for the empty
+    reductions of every reduce_* op stale)."""
+    matched: dict[tuple[Divergence, Part], bool] = {}
+    for r in results:
+        hit = part_of(r)
+        if hit is not None:
+            matched[hit] = matched.get(hit, False) or r.outcome == "xfail"
+    stale = [dp for dp, failed in matched.items() if not failed and dp[0].strict]
+    if stale:
+        stale = fully_covered(stale, results)
+    ops = {r.op for r in results}  # only parts about ops this run covered can be "unmatched"
+    devices, modes = {r.device for r in results}, {r.mode for r in results}  # (a GPU entry in a CPU run)
+    unmatched = [(d, p) for d in divergences() if not d.exhaustive  # the sweep's rows (exhaustive.py)
+                 and d.device in (None, *devices) and d.mode in (None, *modes)
+                 for p in d.parts() if (d, p) not in matched
+                 and any(fnmatch.fnmatchcase(op, g) for op in ops for g in d.part_ops(p))]
+    return {(d.key, p) for d, p in stale}, unmatched
+
+
+# A precision entry explains wrong values, not a dead or failing process: a crash, timeout,
+# error or contract breach under it must find a backend-bug / unimplemented entry or stay bad.
+_EXCUSES_ONLY_VALUES = ("precision",)
+
+
+class _ByOp:
+    """The entries one of whose op globs matches each op name, in file order: the runner asks
+    about every case several times (timeout, isolation, outcome), and 100-odd fnmatch calls per
+    question cost seconds of the parent's CPU per run. Rebuilt whenever divergences() gives
+    another tuple."""
+
+    def __init__(self) -> None:
+        self.divs: tuple[Divergence, ...] | None = None
+        self.by_op: dict[str, list[Divergence]] = {}
+
+    def __call__(self, op: str) -> list[Divergence]:
+        divs = divergences()
+        if divs is not self.divs:
+            self.divs, self.by_op = divs, {}
+        hit = self.by_op.get(op)
+        if hit is None:
+            hit = self.by_op[op] = [d for d in divs if any(fnmatch.fnmatchcase(op, g) for g in d.op)]
+        return hit
+
+
+_entries_for = _ByOp()
+
+
+def known_divergence(case: CaseLike, outcome: str | None = None) -> Divergence | None:
+    """The first entry that scopes ``case`` (and, given the case's ``outcome``, whose category
+    can explain it: a precision entry cannot excuse a crash)."""
+    for d in _entries_for(case.op):
+        if d.matches(case) and not (outcome not in (None, "fail", "pass")
+                                    and d.category in _EXCUSES_ONLY_VALUES):
+            return d
+    return None

@@ -1,0 +1,160 @@
+"""The pytest items of the conformance matrix (loaded by rlx_conformance.pytest_plugin only when a
+``conformance*.toml`` file is collected): one item per case, fed by one isolated Runner."""
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rlx_conformance.core import results as res
+from rlx_conformance.core.errors import RlxError
+from rlx_conformance.judge.divergences import entry_name
+from rlx_conformance.judge.stability import classify, enforce
+from rlx_conformance.run.bundle import BundleSink
+from rlx_conformance.run.outcomes import finalize
+from rlx_conformance.run.runner import Runner
+from rlx_conformance.run.session import backend_targets, build_cases
+
+
+class MatrixFile(pytest.File):
+    def collect(self) -> Iterator[pytest.Item]:
+        with self.path.open("rb") as f:
+            spec = tomllib.load(f).get("matrix", {})
+        opt = self.config.getoption
+
+        def pick(name, key, default=None):
+            v = opt(f"--rlx-{name}")
+            return v if v is not None else spec.get(key, default)
+
+        def listify(v):
+            if v is None or v == "all":
+                return v
+            return [p for p in (v.split(",") if isinstance(v, str) else v) if p]
+
+        try:
+            modes = listify(pick("mode", "modes"))
+            targets = backend_targets(pick("backend", "backend", "mlx"), listify(pick("device", "devices", "cpu")), modes)
+            cases = build_cases(targets, listify(pick("ops", "ops")), listify(pick("dtypes", "dtypes")))
+        except RlxError as e:
+            raise pytest.UsageError(f"{self.path.name}: {e}") from None
+        for c in cases:
+            yield CaseItem.from_parent(self, name=c.id, case=c)
+
+
+class CaseFailure(Exception):
+    """A case that did not pass: reported with the harness's message, no traceback."""
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case, **kw):
+        super().__init__(**kw)
+        self.case = case
+
+    def runtest(self) -> None:
+        r = _feed(self.session).result(self)
+        self.user_properties += [("outcome", r.outcome), ("kernel", r.kernel),
+                                 ("max_abs_err", r.max_abs_err), ("max_rel_err", r.max_rel_err),
+                                 ("max_ulp", r.max_ulp), ("duration_s", round(r.duration_s, 6))]
+        if r.outcome == "pass":
+            return
+        if r.outcome == "skip":
+            pytest.skip(r.message)
+        if r.outcome == "xfail":
+            pytest.xfail(r.message)
+        raise CaseFailure(f"{r.outcome}: {r.message}")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, CaseFailure):
+            return f"{self.name}\n{excinfo.value}"
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+class _Feed:
+    """Streams the selected items through one Runner; results are handed out as they arrive."""
+
+    def __init__(self, session: pytest.Session):
+        self.session = session
+        items = [i for i in session.items if isinstance(i, CaseItem)]
+        self.results: dict[str, res.CaseResult] = {}
+        self.all: list[res.CaseResult] = []
+        opt = session.config.getoption
+        inproc = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+        report = opt("--rlx-report")
+        sink = None
+        if report:  # with a report dir, failing cases leave repro bundles in it, as for `run`
+            sink = BundleSink(Path(report), timeout=opt("--rlx-timeout"))
+        self.runner = Runner(workers=0 if inproc else opt("--rlx-workers"), timeout=opt("--rlx-timeout"),
+                             bundles=sink)
+        self._pending = {i.case.id for i in items}
+        self._gen = None if inproc else self.runner.run([i.case for i in items])
+
+    def result(self, item: CaseItem) -> res.CaseResult:
+        if self._gen is None:  # in-process (xdist): one case at a time
+            r = next(iter(self.runner.run([item.case])))
+            self.all.append(r)
+            return r
+        while item.case.id not in self.results:
+            try:
+                r = next(self._gen)
+            except StopIteration:
+                raise RuntimeError(f"runner finished without a result for {item.case.id}") from None
+            self.results[r.id] = r
+            self.all.append(r)
+        return self.results.pop(item.case.id)
+
+
+_KEY = pytest.StashKey[_Feed]()
+
+
+def _feed(session: pytest.Session) -> _Feed:
+    if _KEY not in session.stash:
+        session.stash[_KEY] = _Feed(session)
+    return session.stash[_KEY]
+
+
+def select_exact(config: pytest.Config, items: list) -> None:
+    """`-k <case id>` with an exact id selects exactly that case (ids contain ':' and may be
+    substrings of others, e.g. sigmoid/... inside hard_sigmoid/...)."""
+    kw = (config.option.keyword or "").strip()
+    if not kw:
+        return
+    exact = [i for i in items if isinstance(i, CaseItem) and i.name == kw]
+    if exact:
+        config.hook.pytest_deselected(items=[i for i in items if i not in exact])
+        items[:] = exact
+        config.option.keyword = ""
+
+
+def session_finish(session: pytest.Session) -> None:
+    """Strict known divergences: an entry none of whose cases failed makes the session fail
+    (its items already passed; the stale entry is reported here). Likewise the cases of a group
+    recorded bit-stable (cases/bit_stable.toml) whose modes disagree bit-wise."""
+    feed = session.stash.get(_KEY, None)
+    if feed is None:
+        return
+    full = not session.config.option.keyword and not os.environ.get("PYTEST_XDIST_WORKER")
+    warnings = finalize(feed.all) if full else []
+    enforce(feed.all)  # cases/bit_stable.toml: the modes of a recorded group must agree bit-wise
+    unstable = [r for r in feed.all if r.outcome == "fail" and r.message.startswith("bit-stability:")]
+    xpass = sorted({entry_name(r) for r in feed.all if r.outcome == "xpass"})
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        for name in xpass:
+            tr.write_line(f"rlx-conformance: known divergence {name} no longer reproduces (xpass, strict): "
+                          "remove it from cases/known_divergences.toml", red=True)
+        for r in unstable:
+            tr.write_line(f"rlx-conformance: {r.id}: {r.message.splitlines()[0]}", red=True)
+        for w in warnings:
+            tr.write_line(f"rlx-conformance: warning: {w}", yellow=True)
+    if (xpass or unstable) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    out = session.config.getoption("--rlx-report")
+    if out:
+        res.write_results(Path(out) / "results.json", res.run_metadata(front="pytest", warnings=warnings), feed.all,
+                          classify(feed.all))

@@ -1,0 +1,65 @@
+"""Known divergences (cases/known_divergences.toml) applied to a run's records: where a failure
+is expected (xfail), where an entry has gone stale (xpass), and the records of an earlier run
+judged again under the entries as they are now.
+
+Its own module, below the runner, the bundles and the merge, which all apply them: each judges a
+record the same way, whichever process or command made it.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from rlx_conformance.core.results import CaseResult
+from rlx_conformance.generate.matrix import Case, Target
+from rlx_conformance.judge.divergences import known_divergence, part_of, stale_entries
+from rlx_conformance.run.staleness import fully_covered
+
+
+def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
+    """A failure inside a known divergence's scope reports xfail; a pass inside it stays a pass
+    but carries the entry, so that :func:`finalize` can tell when an entry has gone stale."""
+    d = known_divergence(case, r.outcome)
+    if d is None or r.outcome == "skip" or r.oracle_verdict == "reference-bug":
+        return r  # a reference bug (accuracy.py) is the harness's, never a backend's known divergence
+    r.divergence = {"entry": d.key, "category": d.category, "reason": d.reason, "link": d.link}
+    if r.outcome in ("fail", "error", "contract", "crash", "timeout"):
+        r.message = f"known divergence {d.key} ({d.category}: {d.reason}) — was {r.outcome}: {r.message}"
+        r.divergence["was"] = r.outcome  # validate re-checks these against the built-in kernel
+        r.outcome = "xfail"
+    return r
+
+
+def rejudge(r: CaseResult) -> CaseResult:
+    """A record of an earlier run judged again under cases/known_divergences.toml as it is now:
+    back to the outcome its run measured (an xfail to what it was, an xpass to pass), then
+    :func:`apply_divergence`; :func:`finalize` over the set marks stale entries again. For data
+    edited after a run that is dear to repeat (a GPU machine's): the measurements stay."""
+    if r.divergence is not None:
+        was = r.divergence.get("was")
+        if r.outcome == "xfail" and was:
+            r.outcome = was
+            r.message = r.message.split(f" — was {was}: ", 1)[-1]
+        elif r.outcome == "xpass":
+            r.outcome, r.message = "pass", ""
+        r.divergence = None
+    target = Target(r.backend, r.device, r.mode, r.variant)
+    return apply_divergence(SimpleNamespace(op=r.op, dtype=r.dtype, id=r.id, target=target), r)
+
+
+def finalize(results: list[CaseResult]) -> list[str]:
+    """Strict known divergences: the passes of an entry none of whose cases failed become xpass
+    (an entry with an op, dtype or id list: of each item of the list on its own). Returns warnings
+    (entries, or items of their lists, that matched no case)."""
+    stale, unmatched = stale_entries(results, fully_covered)
+    for r in results:
+        hit = part_of(r) if stale and r.outcome == "pass" else None
+        if hit is None or (hit[0].key, hit[1]) not in stale:
+            continue
+        d, part = hit
+        what = (f"in any of its {d.describe(part)} cases: narrow it to what still fails in "
+                "cases/known_divergences.toml" if part
+                else "in any of its cases: remove it from cases/known_divergences.toml")
+        r.outcome = "xpass"
+        r.message = (f"known divergence {d.key} ({r.divergence['category']}) no longer reproduces {what} "
+                     f"({r.divergence['reason']})")
+    return [f"known divergence {d.key} ({d.describe(part)}) matched no case" for d, part in unmatched]

@@ -1,0 +1,44 @@
+"""Whether a run held the whole scope of a known divergence: the half of the stale-entry check
+that needs case generation (judge/divergences.py decides the rest, and asks this).
+
+A part of an entry none of whose cases failed is stale only if the run held every one of its
+cases on the run's targets: a run of --ops reduce_sum, or of --dtypes float32, holds only part
+of the entry for the empty reductions of every reduce_* op, and cannot say that it is gone.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from rlx_conformance.backends import get_backend
+from rlx_conformance.core.results import CaseResult
+from rlx_conformance.generate.matrix import Case, Target, generate
+from rlx_conformance.judge import divergences as kd
+from rlx_conformance.judge.divergences import Divergence, Part
+
+
+def _every_variant(cases: Iterable[Case]) -> Iterable[Case]:
+    """Each case in every backend variant it runs in (tf32:on and off): session.with_variants
+    with "both", which this module cannot import (the session imports the runner, which imports
+    this through run/outcomes.py)."""
+    for c in cases:
+        for v in get_backend(c.target.backend).variants(c.op, c.dtype, c.target.device, "both"):
+            yield c if v == c.target.variant else replace(c, target=replace(c.target, variant=v))
+
+
+def fully_covered(parts: list[tuple[Divergence, Part]], results: Sequence[CaseResult]
+                  ) -> list[tuple[Divergence, Part]]:
+    """The (entry, part) pairs among ``parts`` whose every case on the run's targets is in
+    ``results``: only a run that holds the whole scope can say a divergence is gone."""
+    ids = {r.id for r in results}
+    targets = {Target.parse(i.rsplit("/", 1)[1]) for i in ids}
+    # backend variants (tf32:on/off) are not targets of their own: generate on the base targets,
+    # expand every variant, keep those the run had
+    base = sorted({Target(t.backend, t.device, t.mode) for t in targets}, key=str)
+    out = []
+    for d, p in parts:
+        scope = [c.id for c in _every_variant(generate(base, ops=list(d.part_ops(p))))
+                 if c.target in targets and kd.known_divergence(c) is d and d.part(c.op, c.dtype, c.id) == p]
+        if all(c in ids for c in scope):
+            out.append((d, p))
+    return out

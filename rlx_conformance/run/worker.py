@@ -1,0 +1,178 @@
+"""The one worker loop behind every isolated process of the harness: the matrix runner
+(runner.py), the exhaustive sweeps (exhaustive.py) and validate's service worker (validate.py).
+
+A kernel may kill its process (a signal from native code) or hang. So whatever runs a kernel runs
+in a worker process that the parent can lose without losing the run: the parent starts it
+(:func:`start`, which waits for its "ready"), sends it messages, reads what it answers, and
+replaces it when it dies or stays silent too long (:meth:`Worker.end`).
+
+The protocol, the same for every caller::
+
+    worker -> parent   READY once the worker is set up, or ("init-error", why) and it exits
+    parent -> worker   a message (what it means is the caller's task function's business)
+    worker -> parent   whatever the task sends while it runs, then (DONE, what the task returned)
+    parent -> worker   STOP: the worker returns (as it does when the parent's end closes)
+
+Callers differ only in the task function applied to each message (and an optional setup run
+before "ready"); both must be picklable (module-level functions, or functools.partial of them):
+a worker is started from a fresh interpreter or a forkserver, never forked from the parent.
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from rlx_conformance.core.errors import RlxError
+
+STOP = None  # the parent's last message to a worker
+READY = ("ready", None)  # a worker's first message: set up, waiting for work
+DONE = "done"  # tags a worker's last answer to a message: (DONE, the task's return value)
+START_TIMEOUT = 120.0  # seconds a worker may take to set up (imports, an init hook) before "ready"
+
+Task = Callable[[Any, Callable[[Any], None]], Any]  # task(message, send) -> the DONE payload
+
+
+def context() -> mp.context.BaseContext:
+    """Workers fork from a forkserver that has already imported numpy, scipy and the reference, so
+    replacing a crashed worker costs milliseconds, not the seconds of a fresh interpreter. macOS
+    (where forking after the Objective-C runtime starts is unsafe) spawns fresh interpreters."""
+    if sys.platform != "linux":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # Not rlx_conformance.backends.mlx: importing MLX initialises CUDA on its CUDA build, and a CUDA context does
+    # not survive fork ("cudaStreamCreateWithFlags ... initialization error"). Each worker
+    # imports MLX itself (a fraction of a second).
+    ctx.set_forkserver_preload(["rlx_conformance.run.execute", "rlx_conformance.backends.cpu"])
+    return ctx
+
+
+def run_init(init: str | None) -> None:
+    """Run a "module:function" init hook (e.g. registering a contributed kernel) in this process."""
+    if init:
+        mod, _, fn = init.partition(":")
+        getattr(importlib.import_module(mod), fn)()
+
+
+def serve(conn: Connection, task: Task, setup: Callable[[], None] | None = None,
+          env: dict[str, str] | None = None, init: str | None = None) -> None:
+    """A worker process's main: its environment (``env``, set before anything reads it: MLX reads
+    MLX_ENABLE_TF32 once per process), ``setup`` and the ``init`` hook, then READY; then
+    ``task(message, send)`` for each message, each answered last by (DONE, its return value),
+    until STOP. A setup that fails is reported as ("init-error", why): the parent fails once,
+    with the reason, instead of replacing a worker that can never start."""
+    os.environ.update(env or {})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    try:
+        if setup is not None:
+            setup()
+        run_init(init)
+    except BaseException as e:  # noqa: BLE001 — whatever it is, the parent reports it
+        conn.send(("init-error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(READY)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if msg is STOP:
+            return
+        conn.send((DONE, task(msg, conn.send)))
+
+
+def signal_name(code: int | None) -> str:
+    """How a process ended, for a crash message: the signal that killed it, or its exit code."""
+    if code is None:
+        return "unknown"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class Worker:
+    """A started worker process and the parent's end of its pipe."""
+
+    proc: mp.process.BaseProcess
+    conn: Connection
+
+    def send(self, msg: Any) -> None:
+        self.conn.send(msg)
+
+    def answers(self, ready: Collection[Any]) -> tuple[list[Any], bool]:
+        """What the worker has sent, once :func:`wait_any` woke for it (``ready``), up to and
+        including a DONE; and whether it died (its pipe closed, or it exited with nothing left to
+        read)."""
+        got: list[Any] = []
+        while self.conn in ready or self.proc.sentinel in ready:
+            try:
+                if not self.conn.poll():
+                    return got, not self.proc.is_alive() or self.proc.sentinel in ready
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                return got, True
+            got.append(msg)
+            if msg[0] == DONE:
+                break
+        return got, False
+
+    def end(self, hung: bool) -> str:
+        """Reap a worker that died, or kill one that ``hung``; returns how it ended."""
+        if hung:
+            self.proc.kill()
+        self.proc.join()
+        return signal_name(self.proc.exitcode)
+
+
+def start(ctx: mp.context.BaseContext, task: Task, *, setup: Callable[[], None] | None = None,
+          env: dict[str, str] | None = None, init: str | None = None, hint: str) -> Worker:
+    """Start a worker process (:func:`serve` with these arguments) and wait for its READY. A worker
+    that cannot even start (import error, bad environment) would otherwise be replaced forever,
+    one "crash" per case: the run fails once, with the reason and ``hint``."""
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=serve, args=(child, task, setup, env, init), daemon=True)
+    p.start()
+    child.close()
+    why = None  # a worker that can say why it cannot start sends ("init-error", reason)
+    try:
+        msg = parent.recv() if parent.poll(START_TIMEOUT) else ("timeout", f"no answer within {START_TIMEOUT:g} s")
+        why = None if msg == READY else msg[1]
+    except (EOFError, OSError):
+        why = ""
+    if why is not None:
+        p.kill()
+        p.join()
+        raise RlxError(f"a worker process failed to start ({why or signal_name(p.exitcode)}); {hint}")
+    return Worker(p, parent)
+
+
+def wait_any(workers: Iterable[Worker], timeout: float) -> list[Any]:
+    """Block until one of ``workers`` has sent something or exited, or ``timeout`` seconds pass;
+    what woke (pass it to :meth:`Worker.answers`)."""
+    workers = list(workers)
+    return wait([w.conn for w in workers] + [w.proc.sentinel for w in workers], timeout)
+
+
+def stop(workers: Iterable[Worker]) -> None:
+    """Ask each worker to stop (STOP on its pipe), then wait for all; kill the ones that linger."""
+    workers = list(workers)
+    for w in workers:
+        try:
+            w.conn.send(STOP)
+        except (OSError, BrokenPipeError):
+            pass
+    for w in workers:
+        w.proc.join(timeout=2)
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join()
