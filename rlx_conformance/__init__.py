@@ -22,6 +22,9 @@ from rlx_conformance.core.errors import (
 
 __version__ = provenance.version()
 
+__all__ = ["run_op", "__version__", "RlxError", "SpecError", "UnknownOpError", "UnsupportedError",
+           "RegistrationError", "KernelContractError"]
+
 
 def run_op(name: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None = None,
            backend: str = "cpu", device: str = "cpu", mode: str = "compiled") -> list[np.ndarray]:

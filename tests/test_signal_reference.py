@@ -12,7 +12,7 @@ import pytest
 import scipy.fft
 
 from rlx_conformance.backends import get_backend
-from rlx_conformance.judge.bounds import stats as _stats
+from rlx_conformance.judge.bounds import distributions as _stats
 from rlx_conformance.judge.bounds.signal import fft_bound, quotient_ties, xent_bound
 
 CPU = get_backend("cpu")

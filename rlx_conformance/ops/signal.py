@@ -7,7 +7,7 @@ the distribution is specified. Quantization follows ONNX QuantizeLinear/Dequanti
 (round half to even, saturate to int8/uint8) with per-tensor or per-axis parameters; a NaN input
 of quantize has no defined result. The loss takes probability targets of the logits' shape.
 
-Judging (judge/bounds/signal.py, judge/bounds/stats.py): fft by a normwise error bound of the FFT
+Judging (judge/bounds/signal.py, judge/bounds/distributions.py): fft by a normwise error bound of the FFT
 (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., sec. 24.1), the random ops by
 distribution tests (their streams differ between libraries by design), quantization bit-exactly
 except where the quotient x/scale lies within rounding error of a half-integer, the loss by a
@@ -23,7 +23,7 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.judge.bounds import stats as _stats
+from rlx_conformance.judge.bounds import distributions
 from rlx_conformance.judge.bounds.signal import (
     fake_quantize_bound,
     fft_bound,
@@ -125,21 +125,21 @@ def _uniform_errors():
 def rng(name: str, doc: str, *, params: tuple[Input, Input], check: Callable[..., list[Any]],
         error_inputs: ErrorInputs, check_values: CheckValues | None = None) -> OpSpec:
     """A random op: two float parameters broadcast to the ``shape`` attribute, a uint32 key;
-    judged by distribution tests (judge/bounds/stats.py), since library streams differ."""
+    judged by distribution tests (judge/bounds/distributions.py), since library streams differ."""
     return declare(name=name, family="random", doc=doc, inputs=params + (_KEY,), dtypes=FLOATS,
                    attrs=(_SHAPE,), infer=infer_rng, shapes="rng", values=("random",),
-                   policy=Policy(check=check, check_reason=_stats.REASON),
+                   policy=Policy(check=check, check_reason=distributions.REASON),
                    check_values=check_values, error_inputs=error_inputs)
 
 
 rng("rng_uniform", "uniform on [low, high) (low < high), elementwise parameters broadcast to "
     "shape; the stream is the backend's, fixed by the key",
     params=(Input("low", domain="rng_low"), Input("high", domain="rng_high")),
-    check=_stats.uniform_check, check_values=check_uniform, error_inputs=_uniform_errors)
+    check=distributions.uniform_check, check_values=check_uniform, error_inputs=_uniform_errors)
 rng("rng_normal", "mean + scale * N(0, 1), elementwise parameters broadcast to shape; the stream "
     "is the backend's, fixed by the key",
     params=(Input("mean"), Input("scale", domain="rng_scale")),
-    check=_stats.normal_check, error_inputs=_rng_errors)
+    check=distributions.normal_check, error_inputs=_rng_errors)
 
 
 # -- quantization --------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Judges of the signal, quantization and loss ops (ops/signal.py); the random ops' distribution
-tests are in judge/bounds/stats.py.
+tests are in judge/bounds/distributions.py.
 
 fft: a normwise error bound of the FFT (Higham, *Accuracy and Stability of Numerical
 Algorithms*, 2nd ed., sec. 24.1). Quantization: bit-exact, except where the quotient x/scale lies
