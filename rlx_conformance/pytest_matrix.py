@@ -1,7 +1,16 @@
 """The pytest items of the conformance matrix (loaded by rlx_conformance.pytest_plugin only when a
-``conformance*.toml`` file is collected): one item per case, fed by one isolated Runner."""
+``conformance*.toml`` file is collected): one item per case, fed by one isolated Runner.
+
+The session-wide checks (strict known divergences, bit-stability) need every record of the
+session. A plain session has them; under ``-k`` or another deselection they run over the selected
+cases, and an entry (or an item of an entry's op/dtype/id list) is judged stale only where the
+selection held its every case (run/staleness.py ``fully_covered``, as for the CLI's ``--ops``).
+Under pytest-xdist each worker holds a share: a worker hands each record to the controller as a
+``user_properties`` entry of its report (``RECORD``), and the controller, which runs no case,
+runs the checks over all of them (``gathered_finish``)."""
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Iterator
@@ -17,6 +26,15 @@ from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
 from rlx_conformance.run.runner import Runner
 from rlx_conformance.run.session import backend_targets, build_cases
+
+# The user property that carries a worker's case record (CaseResult.to_json, as JSON text) to the
+# xdist controller; the plugin takes it off each report before any other plugin (junitxml) sees it.
+RECORD = "rlx_record"
+
+
+def in_worker() -> bool:
+    """Whether this process is a pytest-xdist worker (which runs its cases in-process)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
 
 
 class MatrixFile(pytest.File):
@@ -58,6 +76,8 @@ class CaseItem(pytest.Item):
         self.user_properties += [("outcome", r.outcome), ("kernel", r.kernel),
                                  ("max_abs_err", r.max_abs_err), ("max_rel_err", r.max_rel_err),
                                  ("max_ulp", r.max_ulp), ("duration_s", round(r.duration_s, 6))]
+        if in_worker():  # the controller runs the session-wide checks over every worker's records
+            self.user_properties.append((RECORD, json.dumps(r.to_json())))
         if r.outcome == "pass":
             return
         if r.outcome == "skip":
@@ -84,7 +104,7 @@ class _Feed:
         self.results: dict[str, res.CaseResult] = {}
         self.all: list[res.CaseResult] = []
         opt = session.config.getoption
-        inproc = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+        inproc = in_worker()
         report = opt("--rlx-report")
         sink = None
         if report:  # with a report dir, failing cases leave repro bundles in it, as for `run`
@@ -132,17 +152,31 @@ def select_exact(config: pytest.Config, items: list) -> None:
 
 
 def session_finish(session: pytest.Session) -> None:
-    """Strict known divergences: an entry none of whose cases failed makes the session fail
-    (its items already passed; the stale entry is reported here). Likewise the cases of a group
-    recorded bit-stable (cases/bit_stable.toml) whose modes disagree bit-wise."""
+    """The session-wide checks over this process's records; none in an xdist worker, whose
+    records went to the controller (:func:`gathered_finish`)."""
     feed = session.stash.get(_KEY, None)
-    if feed is None:
+    if feed is None or in_worker():
         return
-    full = not session.config.option.keyword and not os.environ.get("PYTEST_XDIST_WORKER")
-    warnings = finalize(feed.all) if full else []
-    enforce(feed.all)  # cases/bit_stable.toml: the modes of a recorded group must agree bit-wise
-    unstable = [r for r in feed.all if r.outcome == "fail" and r.message.startswith("bit-stability:")]
-    xpass = sorted({entry_name(r) for r in feed.all if r.outcome == "xpass"})
+    check_session(session, feed.all)
+
+
+def gathered_finish(session: pytest.Session, records: list[str]) -> None:
+    """On the xdist controller: the session-wide checks over the records the workers sent."""
+    check_session(session, [res.CaseResult.from_json(json.loads(r)) for r in records])
+
+
+def check_session(session: pytest.Session, results: list[res.CaseResult]) -> None:
+    """Strict known divergences: an entry none of whose cases failed makes the session fail
+    (its items already passed; the stale entry is reported here), judged only where the session
+    held the entry's every case, so that a ``-k`` selection that holds part of an entry cannot
+    call it stale. Likewise the cases of a group recorded bit-stable (cases/bit_stable.toml)
+    whose modes disagree bit-wise. With --rlx-report, results.json of the whole session."""
+    warnings = finalize(results)
+    if narrowed(session.config):  # parts the selection left out matched no case: not a finding
+        warnings = []
+    enforce(results)  # cases/bit_stable.toml: the modes of a recorded group must agree bit-wise
+    unstable = [r for r in results if r.outcome == "fail" and r.message.startswith("bit-stability:")]
+    xpass = sorted({entry_name(r) for r in results if r.outcome == "xpass"})
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         for name in xpass:
@@ -156,5 +190,21 @@ def session_finish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     out = session.config.getoption("--rlx-report")
     if out:
-        res.write_results(Path(out) / "results.json", res.run_metadata(front="pytest", warnings=warnings), feed.all,
-                          classify(feed.all))
+        res.write_results(Path(out) / "results.json", res.run_metadata(front="pytest", warnings=warnings), results,
+                          classify(results))
+
+
+_NARROWED = pytest.StashKey[bool]()
+
+
+def note_deselected(config: pytest.Config) -> None:
+    """Items were deselected (-k, -m, --deselect, an exact id): the session holds part of the matrix."""
+    config.stash[_NARROWED] = True
+
+
+def narrowed(config: pytest.Config) -> bool:
+    """Whether the session ran part of the matrix. The xdist controller collects nothing, so it
+    sees no deselection and goes by the selecting options."""
+    opt = config.option
+    return config.stash.get(_NARROWED, False) or bool(getattr(opt, "keyword", "") or getattr(opt, "markexpr", "")
+                                                       or getattr(opt, "deselect", None))

@@ -5,8 +5,11 @@ device, modes, ops, dtypes); ``--rlx-*`` options override it. Items run through 
 runner as the CLI: the first item to run starts the runner on every selected item, in order, and
 each item reports its own result as it arrives (so a kernel that crashes or hangs becomes one
 failed item, not a dead session). Under pytest-xdist each worker runs its items in-process and
-xdist's worker restart provides the crash isolation. ``pytest -k <exact case id>`` selects that
-case alone even where the id is a substring of another.
+xdist's worker restart provides the crash isolation, and each worker sends its records to the
+controller, which checks strict known divergences and bit-stability over the whole session (a
+stale entry fails an xdist session as it fails a plain one). ``pytest -k <exact case id>`` selects
+that case alone even where the id is a substring of another; under ``-k`` an entry is judged
+stale only where the selection held its every case.
 """
 from __future__ import annotations
 
@@ -19,6 +22,32 @@ import pytest
 # rlx_conformance.pytest_matrix. This module is loaded by every pytest process of an environment
 # that installs the harness, so it imports that only when a conformance file is collected.
 _MATRIX = "rlx_conformance.pytest_matrix"
+_RECORD = "rlx_record"  # pytest_matrix.RECORD: a worker's case record, sent to the xdist controller
+_GATHER = "rlx-conformance-gather"
+
+
+class _Gather:
+    """On a process that runs no xdist worker (the controller, or a plain session): the case
+    records that xdist workers sent in their reports' user_properties, by node id. Taken off the
+    reports first (tryfirst), so that junitxml and the like never see them."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, str] = {}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = report.user_properties
+        if not any(k == _RECORD for k, _ in props):
+            return
+        for k, v in props:
+            if k == _RECORD:
+                self.records[report.nodeid] = v
+        report.user_properties = [(k, v) for k, v in props if k != _RECORD]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # xdist sets workerinput on its workers
+        config.pluginmanager.register(_Gather(), _GATHER)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,8 +79,22 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         matrix.select_exact(config, items)
 
 
+def pytest_deselected(items: list) -> None:
+    """The session holds part of the matrix: the stale-entry check says nothing of what it left out."""
+    matrix = sys.modules.get(_MATRIX)
+    if matrix is not None and items:
+        matrix.note_deselected(items[0].config)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Strict known divergences and bit-stability, checked over the whole session's cases."""
+    """Strict known divergences and bit-stability, checked over the whole session's cases: this
+    process's, or on the xdist controller those its workers sent."""
+    gather = session.config.pluginmanager.get_plugin(_GATHER)
+    if gather is not None and gather.records:
+        from rlx_conformance.pytest_matrix import gathered_finish
+
+        gathered_finish(session, list(gather.records.values()))
+        return
     matrix = sys.modules.get(_MATRIX)
     if matrix is not None:
         matrix.session_finish(session)

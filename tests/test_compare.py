@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from rlx_conformance.judge.compare import (
     BIT_EXACT_TOLERANCE,
+    NAN,
+    Bound,
     Tolerance,
     asserted,
     compare,
@@ -302,7 +304,7 @@ def test_bound_allows_per_element_error():
     bound = np.array([0.6, 0.4, np.nan])
     c = compare(e, a, exact=False, signed_zero=False, tol=Tolerance(), bound=bound)
     assert not c.ok and c.mismatches == 1 and c.worst_index == (1,)
-    assert c.checked == 2  # NaN bound: unasserted
+    assert c.checked == 3 and c.unbounded == 1  # NaN bound: the finite value is free, and counted
 
 
 def test_bound_plus_final_rounding_ulps():
@@ -314,11 +316,16 @@ def test_bound_plus_final_rounding_ulps():
     assert compare(e, a, exact=False, signed_zero=False, tol=Tolerance(max_ulp=2), bound=bound).ok
 
 
-def test_nan_bound_leaves_anything_unasserted():
-    e = np.array([math.nan, 1.0, math.inf], np.float32)
-    a = np.array([2.0, math.nan, -math.inf], np.float32)
-    c = compare(e, a, exact=False, signed_zero=False, tol=Tolerance(), bound=np.full(3, np.nan))
-    assert c.ok and c.checked == 0 and c.mismatches == 0
+def test_nan_bound_frees_finite_values_only():
+    """A NaN bound says nothing about a finite value, but NaN positions and infinities are still
+    asserted exactly (issue 14: a NaN in must be a NaN out, whatever the bound)."""
+    e = np.array([math.nan, 1.0, math.inf, 5.0], np.float32)
+    a = np.array([2.0, math.nan, -math.inf, -7.0], np.float32)
+    c = compare(e, a, exact=False, signed_zero=False, tol=Tolerance(), bound=np.full(4, np.nan))
+    assert not c.ok and c.checked == 4 and c.mismatches == 3 and c.unbounded == 2
+    assert "NaN" in c.message and "inf" in c.message
+    ok = compare(e[3:], a[3:], exact=False, signed_zero=False, tol=Tolerance(), bound=np.full(1, np.nan))
+    assert ok.ok and ok.unbounded == 1
 
 
 def test_bound_with_nonfinite_expected_is_warning_free():
@@ -404,6 +411,9 @@ def test_element_errors_do_not_depend_on_the_order(name):
 
 def test_asserted_mask_and_bound():
     mask, bound = asserted((2, 2), np.array([True, False]), np.array([[1.0, math.nan], [2.0, 3.0]]))
-    assert mask.tolist() == [[False, False], [False, True]] and bound.dtype == np.float64
+    assert mask.tolist() == [[False, True], [False, True]] and bound.dtype == np.float64
+    b = Bound(np.ones((2, 2)), free=np.array([[True, False], [False, False]]), allow=np.uint8(NAN))
+    mask, bound = asserted((2, 2), None, b)
+    assert mask.tolist() == [[False, True], [True, True]] and bound.tolist() == [[1.0, 1.0], [1.0, 1.0]]
     mask, bound = asserted((3,), None, None)
     assert mask.all() and bound is None

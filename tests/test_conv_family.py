@@ -1,6 +1,11 @@
 """Convolution and pooling: the CPU reference against a direct float64 loop (the definition, one
 output and one tap at a time), scipy.signal.correlate, the adjoint identity that defines the
-transposed convolution, and loop-based pooling; plus the error bounds."""
+transposed convolution, and loop-based pooling; plus the error bounds.
+
+The loops read the attributes with their own code (:func:`per_dim`, :func:`begins_ends`, from
+docs/ops.md), not with the geometry the reference and its bounds share
+(judge/bounds/conv.py), so that a mistake there cannot agree with itself here. The whole matrix
+is checked against onnx.reference in tests/test_independent_oracles.py."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +18,7 @@ import scipy.signal
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.generate import matrix
-from rlx_conformance.judge.bounds.conv import conv_bound, conv_params, pool_params
+from rlx_conformance.judge.bounds.conv import conv_bound
 from rlx_conformance.ops import get_op
 
 CPU = get_backend("cpu")
@@ -28,8 +33,26 @@ def rand(seed, shape):
     return np.random.default_rng(seed).uniform(-1, 1, shape)
 
 
+def per_dim(v, nd: int, default: int) -> list[int]:
+    """() = the default; one value = every dim; else one per dim (docs/ops.md)."""
+    return [default] * nd if not v else [v[0]] * nd if len(v) == 1 else list(v)
+
+
+def begins_ends(v, nd: int) -> tuple[list[int], list[int]]:
+    """Padding: 2*nd values are the begins then the ends; else symmetric per dim."""
+    if len(v) == 2 * nd:
+        return list(v[:nd]), list(v[nd:])
+    sym = per_dim(v, nd, 0)
+    return sym, sym
+
+
 def loop_conv(x, w, bias, attrs):
-    nd, st, pb, pe, dil, g, cout, out = conv_params("conv", x.shape, w.shape, attrs)
+    nd = x.ndim - 2
+    st, dil = per_dim(attrs["stride"], nd, 1), per_dim(attrs["dilation"], nd, 1)
+    pb, pe = begins_ends(attrs["padding"], nd)
+    g, cout = attrs["groups"], w.shape[0]
+    out = tuple((L + b + e - d * (k - 1) - 1) // s + 1
+                for L, b, e, d, k, s in zip(x.shape[2:], pb, pe, dil, w.shape[2:], st))
     n, cin = x.shape[:2]
     cg, og = cin // g, cout // g
     y = np.zeros((n, cout) + out)
@@ -98,7 +121,11 @@ def test_conv_transpose_bias_and_simple_value():
 
 
 def loop_pool(x, attrs):
-    nd, k, st, pb, pe, out = pool_params("pool", x.shape, attrs)
+    k = attrs["kernel_size"]
+    nd = len(k)
+    st = [s or kk for s, kk in zip(per_dim(attrs["stride"], nd, 0), k)]  # () = the window
+    pb, pe = begins_ends(attrs["padding"], nd)
+    out = tuple((L + b + e - kk) // s + 1 for L, b, e, kk, s in zip(x.shape[2:], pb, pe, k, st))
     y = np.zeros(x.shape[:2] + out)
     for idx in itertools.product(*map(range, x.shape[:2] + out)):
         vals = []

@@ -26,8 +26,10 @@ def test_outcome_transitions(tmp_path):
     pairs = {  # n: (base outcome, new outcome)
         1: ("pass", "fail"), 2: ("xfail", "crash"), 3: ("skip", "error"),  # new failures
         4: ("fail", "fail"), 5: ("fail", "timeout"),  # still bad
-        6: ("fail", "pass"), 7: ("crash", "xfail"),  # fixed
-        8: ("pass", "xfail"), 9: ("pass", "skip"),  # other changes
+        6: ("fail", "pass"), 7: ("crash", "xfail"), 11: ("xfail", "pass"),  # fixed
+        8: ("pass", "xfail"),  # newly excused
+        12: ("skip", "xfail"),  # new, excused (did not run in BASE)
+        9: ("pass", "skip"),  # other changes
         10: ("pass", "pass"),
     }
     base = [result(outcome=o, n=k) for k, (o, _) in pairs.items()] + [result(n=20)]  # 20: removed
@@ -35,19 +37,85 @@ def test_outcome_transitions(tmp_path):
     d = diff_of(tmp_path, base, new)
     by_n = {k: result(n=k).id for k in (*pairs, 20, 30, 31)}
     assert ids(d.new_failures) == sorted([by_n[1], by_n[2], by_n[3], by_n[31]])
-    assert ids(d.fixed) == sorted([by_n[6], by_n[7]])
+    assert ids(d.fixed) == sorted([by_n[6], by_n[7], by_n[11]])
+    assert ids(d.newly_excused) == [by_n[8]] and ids(d.new_excused) == [by_n[12]]
     assert d.still_bad == 2
     assert {(x["id"], x["base"], x["new"]) for x in d.outcome_changes} == {
-        (by_n[5], "fail", "timeout"), (by_n[8], "pass", "xfail"), (by_n[9], "pass", "skip")}
+        (by_n[5], "fail", "timeout"), (by_n[9], "pass", "skip")}
     assert d.added == sorted([by_n[30], by_n[31]]) and d.removed == [by_n[20]]
     assert d.regression
     nf = {x["id"]: x for x in d.new_failures}
     assert nf[by_n[31]]["base"] is None and nf[by_n[1]]["base"]["outcome"] == "pass"
 
 
+def div(entry: str, was: str = "fail") -> dict:
+    """A record's divergence field as apply_divergence writes it."""
+    return {"entry": entry, "category": "precision", "reason": "why", "link": None, "was": was}
+
+
+def test_pass_to_xfail_is_a_regression_alone(tmp_path):
+    """A known divergence that starts excusing a case which passed is a way around the gate:
+    "newly excused" fails the diff like a new failure."""
+    base = [result(n=1), result(n=2)]
+    new = [result(n=1), result(outcome="xfail", n=2, ulp=300.0, divergence=div("exp-ulp"))]
+    d = diff_of(tmp_path, base, new)
+    assert not d.new_failures and d.regression
+    [x] = d.newly_excused
+    assert (x["id"], x["entry"], x["was"], x["base"]["outcome"], x["new"]["max_ulp"]) == (
+        result(n=2).id, "exp-ulp", "fail", "pass", 300.0)
+    assert d.counts()["newly_excused"] == 1
+
+
+def test_new_excused_case_gates_only_under_an_entry_the_baseline_never_named(tmp_path):
+    # BASE names entry "known" (on a passing case inside its scope); NEW adds xfail cases under it
+    # and under an entry no BASE record names
+    base = [result(n=1, divergence=div("known")), result(n=2)]
+    old_entry = [result(n=1, divergence=div("known")), result(n=2),
+                 result(outcome="xfail", n=3, divergence=div("known"))]
+    d = diff_of(tmp_path / "a", base, old_entry)
+    assert ids(d.new_excused) == [result(n=3).id] and not d.new_excused[0]["new_entry"]
+    assert not d.regression and d.counts()["new_excused_new_entry"] == 0
+    new_entry = old_entry + [result(outcome="xfail", n=4, divergence=div("brand-new", was="crash"))]
+    d = diff_of(tmp_path / "b", base, new_entry)
+    assert [(x["id"], x["new_entry"], x["was"]) for x in d.new_excused] == [
+        (result(n=3).id, False, "fail"), (result(n=4).id, True, "crash")]
+    assert d.regression and ids(d.new_excused_by_new_entry) == [result(n=4).id]
+
+
+def test_excused_error_drift_is_its_own_regression(tmp_path):
+    """An excused case whose error grows 100x is a regression, listed apart from passing drift;
+    an excused case whose error stays is none."""
+    base = [result(outcome="xfail", n=1, ulp=10.0, rel=1e-6, divergence=div("e")),
+            result(outcome="xfail", n=2, ulp=10.0, rel=1e-6, divergence=div("e")), result(n=3, ulp=1.0)]
+    new = [result(outcome="xfail", n=1, ulp=1000.0, rel=1e-4, divergence=div("e")),
+           result(outcome="xfail", n=2, ulp=10.0, rel=1e-6, divergence=div("e")), result(n=3, ulp=1.0)]
+    d = diff_of(tmp_path, base, new)
+    assert not d.error_drift and not d.distribution_drift
+    assert {(x["id"], x["metric"], x["entry"]) for x in d.excused_drift} == {
+        (result(n=1).id, "max_ulp", "e"), (result(n=1).id, "max_rel_err", "e")}
+    [g] = d.excused_distribution_drift
+    assert g["group"] == "exp/float32/mlx-cpu-eager" and set(g["metrics"]) == {"p99", "max"}  # 2 cases: p99 = max
+    assert (g["base"]["max"], g["new"]["max"]) == (10.0, 1000.0)
+    assert d.regression
+    same = diff_of(tmp_path / "same", base, base)
+    assert not same.excused_drift and not same.excused_distribution_drift and not same.regression
+
+
+def test_excused_distribution_is_over_cases_excused_in_both_runs(tmp_path):
+    """A case that became excused is listed as newly excused, not as drift of the group's excused
+    errors besides."""
+    base = [result(outcome="xfail", n=1, ulp=10.0, divergence=div("e")), result(n=2, ulp=0.0)]
+    new = [result(outcome="xfail", n=1, ulp=10.0, divergence=div("e")),
+           result(outcome="xfail", n=2, ulp=1e6, divergence=div("e"))]
+    d = diff_of(tmp_path, base, new)
+    assert ids(d.newly_excused) == [result(n=2).id]
+    assert not d.excused_distribution_drift and not d.excused_drift
+
+
 def test_added_and_removed_alone_are_not_a_regression(tmp_path):
     d = diff_of(tmp_path, [result(n=1), result(n=2)], [result(n=2), result(n=3), result(outcome="xfail", n=4)])
     assert d.added and d.removed and not d.new_failures and not d.regression
+    assert ids(d.new_excused) == [result(n=4).id]  # excused by no entry: nothing new to gate
 
 
 def test_case_error_drift_thresholds(tmp_path):
@@ -120,6 +188,13 @@ def test_cli_exit_status_and_json(tmp_path, capsys):
     assert doc["schema"] == "rlx-conformance/diff/v1" and doc["regression"] is True
     assert doc["counts"]["new_failures"] == 1 and doc["new_failures"][0]["new"]["outcome"] == "crash"
     assert "REGRESSION" in capsys.readouterr().out
+    excused = write(tmp_path / "excused", [result(n=1), result(outcome="xfail", n=2, divergence=div("e"))])
+    assert cli.main(["diff", str(b), str(excused), "--no-lock", "--json", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["counts"]["newly_excused"] == 1 and doc["newly_excused"][0]["entry"] == "e"
+    assert "newly excused" in capsys.readouterr().out
+    assert cli.main(["diff", str(excused), str(b), "--no-lock", "--json", str(out)]) == 0  # xfail -> pass: fixed
+    assert json.loads(out.read_text())["counts"]["fixed"] == 1
 
 
 @pytest.mark.parametrize("argv", [["diff", "/nonexistent", "/nonexistent"], ["diff", ".", ".", "--ulp-growth", "0.5"]])

@@ -24,6 +24,33 @@ from rlx_conformance.run.exhaustive import pseudo_case
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ("reports/baseline/results.json.gz", "reports/gpu-baseline/results.json.gz")
+# Entries added after the 118-entry conversion and after the committed baselines were recorded:
+# they are no part of an old entry, and the baselines' passing cases they scope (cases that fail
+# only under verdicts introduced with them, e.g. the accuracy budgets of issue 14) were recorded
+# under none. Each stays listed here until the baselines are regenerated (issue 14 item 8).
+ADDED_SINCE_BASELINES = frozenset({
+    # issue 14 items 2-3: MLX CPU over the accuracy budgets of the accumulating ops
+    "mlx-cpu-matmul-k65537",
+    "mlx-cpu-float32-layer-norm-accumulation",
+    "mlx-cpu-float32-rms-norm-accumulation",
+    "mlx-cpu-float32-group-norm-accumulation",
+    "mlx-cpu-float32-softmax-subnormal-flush",
+    "mlx-cpu-float32-softmax-sum",
+    "mlx-cpu-float32-xent-1e5-classes",
+    "mlx-cpu-half-rms-norm-accumulation",
+    "mlx-cpu-float16-layer-norm-accumulation",
+    "mlx-cpu-bfloat16-layer-norm-accumulation",
+    "mlx-cpu-float16-group-norm-accumulation",
+    "mlx-cpu-bfloat16-group-norm-accumulation",
+    "mlx-cpu-attention-1e6-keys",
+    "mlx-cpu-float32-sequential-sum-reduce",
+    "mlx-cpu-float32-sequential-sum-cumsum",
+    "mlx-cpu-bfloat16-softmax-tiny-tail",
+    "mlx-cpu-float64-group-norm-accumulation",
+    "mlx-cpu-half-sum",
+    "mlx-cpu-float64-sequential-sum-reduce",
+    "mlx-cpu-float64-sequential-sum-cumsum",
+})
 
 
 def _case(op: str, dtype: str, case_id: str, target: Target) -> SimpleNamespace:
@@ -35,7 +62,7 @@ def _check(recorded: dict | None, was: str | None, case, seen: dict) -> str | No
     gives now, or None; notes which (key, part) each old position became in ``seen``."""
     d = kd.known_divergence(case, was)
     if recorded is None:
-        return None if d is None else f"now under {d.key}, recorded under none"
+        return None if d is None or d.key in ADDED_SINCE_BASELINES else f"now under {d.key}, recorded under none"
     if d is None:
         return f"recorded under #{recorded['entry']}, now under none"
     if recorded["category"] == "precision" and was not in (None, "fail", "pass"):
@@ -95,7 +122,8 @@ def test_old_positions_are_the_parts_of_the_file():
     per part of each entry: 118 entries became these parts, none lost, none made up."""
     table = Counter(kd._KEYS_BY_OLD_POSITION)
     assert len(kd._KEYS_BY_OLD_POSITION) == 118
-    assert table == {d.key: len(d.parts()) for d in kd.divergences()}
+    assert table == {d.key: len(d.parts()) for d in kd.divergences() if d.key not in ADDED_SINCE_BASELINES}
+    assert ADDED_SINCE_BASELINES <= {d.key for d in kd.divergences()}
     assert kd.entry_key(1) == "float64-float32-grade-math" and kd.entry_key("x-y") == "x-y"
 
 

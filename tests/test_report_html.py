@@ -16,8 +16,9 @@ from results_fixtures import group, result, write
 
 from rlx_conformance.cli import main as cli
 from rlx_conformance.report import html as report_html
-from rlx_conformance.report import records
+from rlx_conformance.report import lockfile, records
 from rlx_conformance.report.diff import compare
+from rlx_conformance.report.lockfile import Entry, Lock
 
 OPS = ("add", "neg")
 
@@ -107,8 +108,6 @@ def test_nightly_writes_the_report_dir(nightly):
 
 def lockfile_covers(path: Path, groups: set[str]) -> bool:
     """--update-lock covered the run's one target: every group it ran is locked (at 0 unless a line says otherwise)."""
-    from rlx_conformance.report import lockfile
-
     lock = lockfile.load(path)
     return lock.targets == {"mlx-cpu-eager"} and all(records.parse_key(g) in lock for g in groups)
 
@@ -184,6 +183,29 @@ def test_html_content(synthetic, tmp_path):
     assert "New failures (2)" in html and "regression vs baseline" in html
     assert "TF32" in html and "mlx_enable_tf32: 0" in html
     assert not external_refs(dom)
+
+
+def test_html_shows_excused_cases_apart(tmp_path):
+    """Newly excused cases, the excused cases' error drift and statistics, and the lock's groups
+    and lines above their accuracy budget each have their own place in the HTML."""
+    div = {"entry": "mlx-cpu-float32-exp-ulp", "category": "precision", "reason": "r", "link": None, "was": "fail"}
+    base = write(tmp_path / "base", group("exp", "float32", [1.0, 3.0])
+                 + [result("exp", "float32", "xfail", n=40, ulp=9.0, divergence=div),
+                    result("add", "int32", "pass", n=3)])
+    new = write(tmp_path / "new", group("exp", "float32", [1.0, 3.0])
+                + [result("exp", "float32", "xfail", n=40, ulp=900.0, divergence=div),
+                   result("add", "int32", "xfail", n=3, ulp=5.0, divergence=div)])
+    rep = records.load(new)
+    d = compare(records.load(base), rep)
+    assert d.newly_excused and d.excused_drift and d.excused_distribution_drift and d.regression
+    lock = lockfile.check(Lock({"mlx-cpu-eager"}, {("softmax", "float32", "mlx-cpu-eager"): Entry(5.5e6, 1.0)}),
+                          {("softmax", "float32", "mlx-cpu-eager"): Entry(5.5e6, 1.0, over_budget=3)})
+    html = report_html.write(rep, tmp_path / "r.html", diff=d, lock=lock, with_plots=False).read_text()
+    assert "Newly excused (1" in html and result("add", "int32", n=3).id in html
+    assert "Excused error drift (1" in html and "Excused distribution drift (1" in html
+    assert "Lock lines above their accuracy budget" in html and "3 passing case(s) over the accuracy budget" in html
+    assert "excused max ulp" in html  # the statistics' excused columns
+    assert any("drift" in a.get("class", "").split() for _, a, _ in Dom(html).find("tr"))  # exp's excused drift
 
 
 def test_report_command(synthetic, tmp_path, capsys):

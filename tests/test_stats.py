@@ -1,4 +1,5 @@
-"""Error statistics per (op, dtype, target): nearest-rank percentiles over passing cases only."""
+"""Error statistics per (op, dtype, target): nearest-rank percentiles over the passing cases, and
+apart over the excused (xfail) ones; failures in neither."""
 from __future__ import annotations
 
 import math
@@ -20,15 +21,28 @@ def test_nearest_rank_is_an_observed_value():
     assert stats.nearest_rank([], 50) is None
 
 
-def test_distribution_uses_passing_cases_only():
+def test_distribution_keeps_passing_and_excused_cases_apart():
     rs = group("exp", "float32", [float(i) for i in range(100)])
     rs.append(result("exp", "float32", "fail", n=500, ulp=1e9))
-    rs.append(result("exp", "float32", "xfail", n=501, ulp=1e8))
+    rs.append(result("exp", "float32", "xfail", n=501, ulp=1e8, rel=0.5))
+    rs.append(result("exp", "float32", "xfail", n=503, ulp=300.0, rel=1e-5))
+    rs.append(result("exp", "float32", "xfail", n=504, ulp=None, rel=None))  # a crash excused: no error
     rs.append(result("exp", "float32", "pass", n=502, ulp=None))  # not measured: not counted in n
     d = stats.distributions(recs(rs))[("exp", "float32", "mlx-cpu-eager")]
-    assert (d.cases, d.passed, d.bad, d.n) == (103, 101, 1, 100)
-    assert (d.p50, d.p99, d.max) == (49.0, 98.0, 99.0)
+    assert (d.cases, d.passed, d.bad, d.n, d.xfailed) == (105, 101, 1, 100, 3)
+    assert (d.p50, d.p99, d.max) == (49.0, 98.0, 99.0)  # the excused 1e8 is not among the passing
     assert d.over_budget is None  # no record carries the field
+    assert (d.excused.n, d.excused.p50, d.excused.max, d.excused.max_rel) == (2, 300.0, 1e8, 0.5)
+    assert d.to_json()["excused"] == {"n": 2, "p50": 300.0, "p99": 1e8, "max": 1e8, "max_rel": 0.5,
+                                      "over_budget": None}
+
+
+def test_excused_distribution_survives_results_json(tmp_path):
+    rs = [result("exp", "float32", "xfail", n=1, ulp=math.inf, over_budget=3), result("exp", "float32", n=2)]
+    rep = records.load(write(tmp_path / "r", rs))
+    d = stats.distributions(rep.cases)[("exp", "float32", "mlx-cpu-eager")]
+    assert d.excused.max == math.inf and d.excused.over_budget == 1 and d.over_budget is None
+    assert d.to_json()["excused"]["max"] == "inf"
 
 
 def test_groups_split_by_dtype_and_target():

@@ -44,6 +44,9 @@ def digest(arrays: list[np.ndarray]) -> str:
 # cases/domains/. If one changes, existing case ids no longer reproduce the inputs they name
 # (reports and repro bundles from older runs go stale): change them only on purpose, and say so.
 GOLDEN = [
+    (matrix.Case("reduce_sum", "float32", ((1000003,),), "huge", (("axes", ()), ("keep_dim", False)),
+                 "tiny_tail", T), "reduce_sum/float32/shape:1000003/axes:all/keep_dim:false/vals:tiny_tail",
+     "7bbe8550dc4a7d5bb0eef7aaf9b5132b5345c11a3cdbfa7b7ba1a4c1aba6d23b"),
     (NEG_SPECIAL, "neg/float32/shape:1031/vals:special",
      "267b300cef86661893759a27011706ab9e59f4423ba21f51abb8d045709283a0"),
     (SUM_INT, "reduce_sum/int32/shape:3x5/axes:1/keep_dim:false/vals:random",
@@ -213,3 +216,89 @@ def test_spread_class_is_large_and_narrow():
     mid = np.median(x)
     assert mid >= 2.0**10 and np.all(np.abs(x / mid - 1) <= 2 * 2.0**-10)
     assert np.unique(x).size > 100
+
+
+# -- the accumulation classes ------------------------------------------------------------------------
+HUGE_SUM = (("axes", ()), ("keep_dim", False))
+
+
+def _huge(op: str, dtype: str, vals: str, shape=(1000003,)) -> np.ndarray:
+    attrs = HUGE_SUM if op.startswith("reduce") else ()
+    return matrix.make_inputs(matrix.Case(op, dtype, (shape,), "huge", attrs, vals, T))[0]
+
+
+def test_classes_for_sizes_and_dtypes():
+    """Accumulation classes from 2^17 elements, float dtypes only; from 10^6 only random and
+    them, and nothing for an op that declares none; ops whose families are not input shapes
+    (CSR [rows, columns]) keep their classes."""
+    acc = ("random", "special", "spread") + values.ACCUMULATION_CLASSES
+    plain = ("random", "special", "spread")
+    assert values.classes_for(acc, "float32", [(1031,)]) == plain
+    assert values.classes_for(acc, "float32", [(2, 131072)]) == acc
+    assert values.classes_for(acc, "int32", [(2, 131072)]) == plain
+    assert values.classes_for(acc, "float16", [(1000003,)]) == ("random",) + values.ACCUMULATION_CLASSES
+    assert values.classes_for(acc, "int32", [(1000003,)]) == ()
+    assert values.classes_for(plain, "float32", [(1000003,)]) == ()
+    assert values.classes_for(("random", "dense_rows"), "float32", [(10000, 10000)], inputs=False) == \
+        ("random", "dense_rows")
+
+
+def test_new_classes_only_add_cases():
+    """No existing case changes its classes: below 2^17 elements nothing is new."""
+    for spec_values in (("random",), ("random", "special", "spread")):
+        for d in dt.FLOATS:
+            assert values.classes_for(spec_values, d, [(100003,)]) == spec_values
+
+
+@pytest.mark.parametrize("name", dt.FLOATS)
+def test_tiny_tail_defeats_an_accumulator_in_the_input_precision(name):
+    """1, then terms just below half an ulp of 1: each one added to the 1 in the input's own
+    precision is lost, while together they are n 2^-(p+1) of it."""
+    x = _huge("reduce_sum", name, "tiny_tail")
+    npd = dt.np_dtype(name)
+    one, t = x[0], x[1:]
+    assert (one + t[:100] == one).all() and (t > 0).all()
+    tail = float(np.sum(t.astype(np.float64)))
+    assert tail / float(one) > 0.5 * t.size * 2.0 ** -(dt.finfo(name).mant_bits + 1)  # n ulp/2 of the 1
+    assert npd == x.dtype
+
+
+@pytest.mark.parametrize("name", dt.FLOATS)
+def test_accumulation_classes_keep_sums_finite(name):
+    big = float(dt.finfo(name).max)
+    for vals in values.ACCUMULATION_CLASSES:
+        x = _huge("reduce_sum", name, vals).astype(np.float64)
+        assert np.isfinite(x).all() and np.abs(x).sum() <= math.sqrt(big) * 2, (name, vals)
+        assert np.abs(x).sum() > 0
+
+
+def test_accumulation_class_shapes():
+    x = _huge("reduce_sum", "float32", "constant").astype(np.float64)
+    assert (x == np.float32(0.1)).all()
+    x = _huge("reduce_sum", "float64", "offset")
+    assert np.abs(x - 1000).max() <= 1 / 16 and np.unique(x).size > 1000
+    x = _huge("reduce_sum", "float64", "alternating")
+    assert (np.sign(x[::2]) == 1).all() and (np.sign(x[1::2]) == -1).all()
+    assert abs(x.sum()) < 1e-3 * np.abs(x).sum()
+    x = _huge("reduce_sum", "float64", "increasing")
+    assert x[-1000:].min() > 100 * x[:1000].max()
+    # laid out per row of the last axis: each row starts the pattern again
+    x = _huge("reduce_sum", "float32", "tiny_tail", shape=(4, 250001))
+    assert (x[:, 0] == 1).all() and (x[:, 1:] < 2.0**-23).all()
+
+
+def test_product_domain_factors_stay_in_range():
+    """reduce_prod's domain (near_one, accumulate = "product"): factors 2^(8 v / sum|v|), so
+    every partial product, in any order, stays within 2^(+-8)."""
+    for vals in values.ACCUMULATION_CLASSES:
+        x = _huge("reduce_prod", "float64", vals)
+        lg = np.log2(x)
+        assert np.abs(lg).sum() <= 8 * (1 + 1e-9), vals
+
+
+def test_structural_domain_draws_random():
+    """An input whose domain is structural (integers_only: a mask, ties) gets the random class."""
+    s1, s2 = values.Stream("k"), values.Stream("k")
+    a = values.make_array(s1, (4, 6), "float32", "nn_mask", "constant", {})
+    b = values.make_array(s2, (4, 6), "float32", "nn_mask", "random", {})
+    assert np.array_equal(a, b)

@@ -16,7 +16,9 @@ from rlx_conformance.judge.bounds.conv import (
 kernel = BACKEND.kernel
 
 # The attribute geometry (conv_params, pool_params), im2col and the conv_transpose scatter form
-# live in judge/bounds/conv.py, which evaluates the same windows for its error bounds.
+# live in judge/bounds/conv.py, which evaluates the same windows for its error bounds. The MLX
+# kernels read the attributes on their own (backends/mlx/conv.py); this reference is checked
+# against onnx.reference over the whole matrix (tests/test_independent_oracles.py).
 
 
 def conv_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, attrs) -> np.ndarray:

@@ -11,7 +11,6 @@ import math
 import mlx.core as mx
 
 from rlx_conformance.backends.mlx import BACKEND
-from rlx_conformance.judge.bounds.nn import attention_dims
 
 kernel = BACKEND.kernel
 
@@ -60,9 +59,10 @@ def _structural_mask(kind, window, sq, sk):
 
 @kernel("attention")
 def attention(q, k, v, mask, *, num_heads, head_dim, mask_kind, window, score_scale, logit_softcap):
-    attrs = dict(num_heads=num_heads, head_dim=head_dim, mask_kind=mask_kind, window=window,
-                 score_scale=score_scale, logit_softcap=logit_softcap)
-    b, sq, sk, h, hkv, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
+    b, sq, _ = q.shape
+    sk = k.shape[1]
+    h, d = num_heads, head_dim
+    hkv = k.shape[-1] // d
     scale = score_scale or 1 / math.sqrt(d)
     qh = q.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
     kh = k.reshape(b, sk, hkv, d).transpose(0, 2, 1, 3)

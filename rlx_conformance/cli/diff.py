@@ -1,5 +1,6 @@
 """``rlx-conformance diff BASE NEW``: what changed between two runs, and whether it is a regression
-(exit 1: new failures, error drift, distribution drift, tolerance-lock violations; see diff.py).
+(exit 1: new failures, newly excused cases, error drift and distribution drift of passing and of
+excused cases, tolerance-lock violations and lock lines above their accuracy budget; see diff.py).
 The helpers here (threshold and lock options, the terminal view) are shared with ``nightly``."""
 from __future__ import annotations
 
@@ -66,6 +67,13 @@ def check_lock(args, new: records.Report) -> lockfile.LockCheck | None:
     if update:
         new_lock, refused = lockfile.updated(lock, chk, reason)
         lockfile.write(new_lock, path)
+        lined = {f["group"] for f in chk.lines_over_budget}
+        for f in chk.lines_over_budget:
+            print(f"lock: removed the line of {f['group']}: above its accuracy budget ({f['why']}); "
+                  "a failure or a capped known divergence, not a lock line", file=sys.stderr)
+        for g in chk.over_budget:
+            if g["group"] not in lined:
+                print(f"lock: not locking {g['group']}: above its accuracy budget ({g['why']})", file=sys.stderr)
         print(f"lock: wrote {path} ({len(chk.tighter)} tightened, {len(chk.unlocked)} added"
               + (f", {len(chk.violations)} loosened with reason" if reason else "") + ")")
         if refused:
@@ -103,18 +111,39 @@ def print_diff(d: Diff, show: int = SHOW) -> None:
     table("new failures", ["case", "base", "new", "max ulp", "message"],
           [[x["id"], out(x["base"]), x["new"]["outcome"], _num(x["new"].get("max_ulp")), x["new"]["message"][:120]]
            for x in d.new_failures], len(d.new_failures))
+    table("newly excused (passed in the baseline, xfail now: a regression)", ["case", "entry", "was", "max ulp"],
+          [[x["id"], str(x["entry"]), str(x["was"] or "fail"), _num(x["new"].get("max_ulp"))]
+           for x in d.newly_excused], len(d.newly_excused))
+    table("new, excused (absent or skipped in the baseline; a regression where the entry is new)",
+          ["case", "entry", "new entry", "was"],
+          [[x["id"], str(x["entry"]), "yes" if x["new_entry"] else "no", str(x["was"] or "fail")]
+           for x in d.new_excused], len(d.new_excused))
     table("error drift (passing, error grew)", ["case", "metric", "base", "new"],
           [[x["id"], x["metric"], _num(x["base"]), _num(x["new"])] for x in d.error_drift], len(d.error_drift))
-    table("distribution drift (p99/max ULP per group)", ["group", "worse", "p99", "max", "all pass"],
-          [[x["group"], ", ".join(x["metrics"]), f"{_num(x['base']['p99'])} → {_num(x['new']['p99'])}",
-            f"{_num(x['base']['max'])} → {_num(x['new']['max'])}", "yes" if x["all_pass"] else "no"]
-           for x in d.distribution_drift], len(d.distribution_drift))
+    table("excused error drift (xfail in both, error grew)", ["case", "metric", "base", "new", "entry"],
+          [[x["id"], x["metric"], _num(x["base"]), _num(x["new"]), str(x.get("entry"))] for x in d.excused_drift],
+          len(d.excused_drift))
+    for title, rows in (("distribution drift (p99/max ULP per group, passing cases)", d.distribution_drift),
+                        ("excused distribution drift (p99/max ULP per group, xfail cases)",
+                         d.excused_distribution_drift)):
+        table(title, ["group", "worse", "p99", "max", "all pass"],
+              [[x["group"], ", ".join(x["metrics"]), f"{_num(x['base']['p99'])} → {_num(x['new']['p99'])}",
+                f"{_num(x['base']['max'])} → {_num(x['new']['max'])}", "yes" if x["all_pass"] else "no"]
+               for x in rows], len(rows))
     table("fixed", ["case", "base", "new"], [[x["id"], out(x["base"]), out(x["new"])] for x in d.fixed], len(d.fixed))
     if d.lock is not None:
         lk = d.lock
         table("tolerance lock violations (errors past the lock)", ["group", "metric", "locked", "observed"],
               [[v["group"], v["metric"], _num(v["locked"]), _num(v["observed"])] for v in lk.violations],
               len(lk.violations))
+        table("tolerance lock lines above their accuracy budget (remove them: --update-lock does)",
+              ["group", "max ulp", "max rel", "why"],
+              [[v["group"], _num(v["max_ulp"]), _num(v["max_rel_err"]), v["why"]] for v in lk.lines_over_budget],
+              len(lk.lines_over_budget))
+        table("groups above their accuracy budget (not lockable: a failure or a capped divergence)",
+              ["group", "max ulp", "max rel", "why"],
+              [[v["group"], _num(v["max_ulp"]), _num(v["max_rel_err"]), v["why"]] for v in lk.over_budget],
+              len(lk.over_budget))
         table("tolerance lock: proposed tighter entries (--update-lock writes them)",
               ["group", "metric", "locked", "proposed"],
               [[v["group"], v["metric"], _num(v["locked"]), _num(v["proposed"])] for v in lk.tighter], len(lk.tighter))

@@ -47,6 +47,10 @@ class CaseResult:
     max_rel_err: float | None = None
     max_ulp: float | None = None
     tolerance: dict[str, Any] | None = None
+    # output elements not fully asserted (None: none): ``order_dependent``, judged only by the
+    # outcomes the spec leaves legal there (e.g. a sum whose partial sums may overflow in some
+    # order); ``unbounded``, whose finite value no error bound covers (NaN/inf still asserted)
+    unasserted: dict[str, int] | None = None
     duration_s: float = 0.0  # the whole case in its worker: inputs, reference, target, comparison
     backend_s: float = 0.0  # of which the target backend's run
     message: str = ""
@@ -71,6 +75,16 @@ class CaseResult:
     budget: dict[str, Any] | None = None
     oracle_verdict: str | None = None
     ftz_used: bool = False
+    # accumulating budgets (judge/budgets.py): measured against the precise "oracle" or the
+    # "reference", and the largest |error| / allowance over the assessed elements (> 1: over)
+    budget_against: str | None = None
+    budget_ratio: float | None = None
+    # elements where the worst-case bound is vacuous: larger than |result| (no digit of the
+    # result is certain from it; the accuracy budget is what judges them)
+    vacuous_bound: int | None = None
+    # output elements whose NaN/inf pattern differs from the reference's (compare.Comparison.
+    # nonfinite): such a failure is of kind "nonfinite", not "value" (failure_kind)
+    nonfinite_mismatches: int | None = None
 
     @classmethod
     def for_case(cls, case, outcome: str, **kw: Any) -> "CaseResult":

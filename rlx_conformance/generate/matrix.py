@@ -194,9 +194,11 @@ def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
                     except SpecError:
                         continue  # e.g. an axis sweep on a scalar, or min > max
                     attr_items = tuple((a.name, resolved[a.name]) for a in spec.attrs)
-                    # An input set with no elements is the same under every value class.
+                    # An input set with no elements is the same under every value class; which
+                    # classes a size and dtype get otherwise: values.classes_for.
                     classes = spec.values[:1] if spec.generate is None and all(
-                        math.prod(sh) == 0 for sh in shapes) else spec.values
+                        math.prod(sh) == 0 for sh in shapes) else values.classes_for(
+                        spec.values, t, shapes, inputs=spec.generate is None)
                     for vals in classes:
                         for tg in targets:
                             declared = supports(tg, spec.name, t) if supports else True

@@ -8,9 +8,19 @@ across signs and through the subnormals is the number of representable values be
 arrays element by element (NaN, infinities, ULP, signed zeros): :func:`compare` (a backend
 against the reference) and ``accuracy.measure`` (either against the precise oracle) both build on
 them and differ only in the rule that turns the errors into a verdict.
+
+Non-finite results are asserted whatever the bound: where the reference yields NaN or an
+infinity, the output must yield the same (NaN position, sign of the infinity), and a finite value
+where the reference has none fails. A :class:`Bound` that is NaN or infinite at a position only
+frees the *finite value* there (counted as ``unbounded``), never the NaN/inf pattern. The one
+exception is a position the bound marks order-dependent (``Bound.free``): there the spec lets the
+order of evaluation decide (a sum whose partial sums may overflow although its exact value is
+finite, a product whose partial products may leave the exponent range), and the output is judged
+by the set of outcomes legal there (``Bound.allow``), and counted as ``order_dependent``.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,20 +89,101 @@ class Comparison:
     message: str = ""
     worst_index: tuple[int, ...] | None = None
     notes: list[str] = field(default_factory=list)
+    # positions judged only by the outcomes the spec leaves legal there (Bound.free): the order of
+    # evaluation decides between them (intermediate overflow of a sum whose exact value is finite)
+    order_dependent: int = 0
+    # positions whose finite value no bound covers (the bound is NaN/inf there: the analysis says
+    # nothing); their NaN/inf pattern is still asserted
+    unbounded: int = 0
+    # mismatches in the NaN/inf pattern (a NaN, an infinity or an order-dependent outcome where the
+    # reference has another): a failure kind of its own, which a known divergence must name to
+    # excuse (judge/divergences.py)
+    nonfinite: int = 0
+
+
+# Outcomes legal at an order-dependent position (Bound.allow bits), besides the reference's own
+# outcome (its NaN, its infinity, or a finite value within the bound of its finite value).
+POS_INF, NEG_INF, NAN = 1, 2, 4
+# A finite value within the bound of the exact one: judged against the reference where it is
+# finite; where it is +-inf the exact value lies beyond the overflow threshold, so a finite value
+# must be within the bound of the largest finite value, with the same sign.
+FINITE = 8
+ANY_FINITE = 16  # any finite value (e.g. a product whose partial products may underflow)
+# The reference's own evaluation may have overflowed (it computes in the output's dtype, float64):
+# where its outcome is not finite, a finite value cannot be judged and is accepted.
+REF_MAY_OVERFLOW = 32
+ANYTHING = POS_INF | NEG_INF | NAN | ANY_FINITE
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A per-element judgement from numerical analysis (``Policy.bound``'s richer result; a bare
+    array means ``Bound(abs=array)``).
+
+    ``abs``: the absolute error allowed between two correct implementations at each position
+    (float64, broadcastable to the output). NaN or +inf: the analysis bounds no finite value there
+    (counted as unbounded); NaN and infinities are still asserted exactly.
+    ``free``: positions where the spec makes the outcome depend on the order of evaluation;
+    ``allow``: there, the outcomes legal besides the reference's (bits POS_INF, NEG_INF, NAN,
+    FINITE, ANY_FINITE, REF_MAY_OVERFLOW)."""
+
+    abs: np.ndarray
+    free: np.ndarray | None = None
+    allow: np.ndarray | None = None
+
+    @staticmethod
+    def of(bound: np.ndarray | Bound | None) -> Bound | None:
+        if bound is None or isinstance(bound, Bound):
+            return bound
+        return Bound(np.asarray(bound, np.float64))
+
+    def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> Bound:
+        """The same judgement after a change of layout (reshape, transpose, broadcast) of the output."""
+        shape = np.broadcast_shapes(*(np.shape(v) for v in (self.abs, self.free, self.allow) if v is not None))
+        abs_, free, allow = self.arrays(shape)
+        return Bound(fn(abs_), None if self.free is None else fn(free), None if self.allow is None else fn(allow))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The finite-value bound as a plain array, NaN where the position is order-dependent
+        (for code that reads a bound as numbers: np.asarray(bound), bound arithmetic in tests)."""
+        shape = np.broadcast_shapes(*(np.shape(v) for v in (self.abs, self.free) if v is not None))
+        abs_, free, _ = self.arrays(shape)
+        out = np.where(free, np.nan, abs_)
+        return out if dtype is None else out.astype(dtype)
+
+    def arrays(self, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(abs as float64, free as bool, allow as uint8), each broadcast to ``shape``."""
+        b = np.broadcast_to(np.asarray(self.abs, np.float64), shape)
+        free = np.zeros(shape, bool) if self.free is None else np.broadcast_to(np.asarray(self.free, bool), shape)
+        allow = np.zeros(shape, np.uint8) if self.allow is None else \
+            np.broadcast_to(np.asarray(self.allow, np.uint8), shape)
+        return b, free, allow & np.where(free, 0xFF, 0).astype(np.uint8)
+
+
+def free_where(bound: np.ndarray | Bound, where: np.ndarray, allow: int | np.ndarray = ANYTHING) -> Bound:
+    """``bound`` with the positions ``where`` made order-dependent, ``allow`` legal there."""
+    b = Bound.of(bound)
+    assert b is not None
+    shape = np.broadcast_shapes(np.shape(b.abs), np.shape(where))
+    abs_, free, allow0 = b.arrays(shape)
+    new = np.broadcast_to(np.asarray(where, bool), shape)
+    return Bound(abs_, free | new, np.where(new, np.asarray(allow, np.uint8), allow0).astype(np.uint8))
 
 
 def asserted(shape: tuple[int, ...], skip: np.ndarray | None,
-             bound: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """The positions an output is judged at, as a bool mask of ``shape``: not in ``skip``
-    (undefined by the spec) and, given a per-element ``bound``, where the bound is not NaN
-    (unasserted). Returns the mask and the bound broadcast to ``shape`` as float64."""
+             bound: np.ndarray | Bound | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The positions whose outcome is determined, as a bool mask of ``shape``: not in ``skip``
+    (undefined by the spec) and not order-dependent (``Bound.free``). A NaN or infinite bound
+    does not remove a position (its NaN/inf pattern is still determined). Returns the mask and
+    the bound's ``abs`` broadcast to ``shape`` as float64 (None without a bound)."""
     mask = np.ones(shape, bool)
     if skip is not None:
         mask &= ~np.broadcast_to(skip, shape)
-    if bound is not None:
-        bound = np.broadcast_to(np.asarray(bound, np.float64), shape)
-        mask &= ~np.isnan(bound)
-    return mask, bound
+    b = Bound.of(bound)
+    if b is None:
+        return mask, None
+    abs_, free, _ = b.arrays(shape)
+    return mask & ~free, abs_
 
 
 @dataclass(frozen=True)
@@ -134,21 +225,29 @@ def _flat_index(shape, i):
 
 
 def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zero: bool,
-            tol: Tolerance, bound: np.ndarray | None = None,
+            tol: Tolerance, bound: np.ndarray | Bound | None = None,
             skip: np.ndarray | None = None, name: str = "output") -> Comparison:
-    """Compare one output. ``bound``: per-element absolute error allowed (numerical analysis);
-    NaN in the bound or True in ``skip`` leaves that element unasserted."""
+    """Compare one output. ``bound``: per-element absolute error allowed (numerical analysis), an
+    array or a :class:`Bound` with order-dependent positions; True in ``skip`` leaves that
+    element unasserted (undefined by the spec).
+
+    NaN and infinities are exact everywhere else (see the module docstring), with one allowance
+    that follows from the bound itself: where the bound is positive, a finite value within the
+    bound (plus the tolerance's ulps) of the dtype's largest finite value may meet an infinity of
+    the same sign on the other side, since the exact result lies within the bound of both and may
+    round either way at the overflow threshold. A bound as large as that largest value says
+    nothing (any finite value is within it; counted as unbounded) and allows no such meeting."""
     if expected.shape != actual.shape:
         return Comparison(False, message=f"{name}: shape {actual.shape} != expected {expected.shape}")
     if expected.dtype != actual.dtype:
         return Comparison(False, message=f"{name}: dtype {actual.dtype} != expected {expected.dtype}")
     n = expected.size
-    mask, bound = asserted(expected.shape, skip, bound)
+    judged = np.ones(expected.shape, bool) if skip is None else ~np.broadcast_to(skip, expected.shape)
     name_dt = dt.name_of(expected.dtype)
     if not dt.is_float(name_dt):
-        bad = (expected != actual) & mask
+        bad = (expected != actual) & judged
         nbad = int(bad.sum())
-        res = Comparison(nbad == 0, mismatches=nbad, checked=int(mask.sum()))
+        res = Comparison(nbad == 0, mismatches=nbad, checked=int(judged.sum()))
         if nbad:
             i = int(np.flatnonzero(bad)[0])
             idx = _flat_index(expected.shape, i)
@@ -169,18 +268,45 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
     rel_err = np.where(finite & (e != 0), rel_err, np.where(finite & (abs_err > 0), np.inf, 0.0))
     ulp = np.where(err.nan, 0.0, err.ulp)
 
+    b = Bound.of(bound) if not exact else None
+    shape = expected.shape
+    fmax = float(dt.finfo(name_dt).max)
+    if b is not None:
+        babs, free, allow = b.arrays(shape)
+    else:
+        babs, free, allow = None, np.zeros(shape, bool), np.zeros(shape, np.uint8)
     nan_bad, inf_bad = err.nan_bad, err.inf_bad
+    straddle = np.zeros(shape, bool)
     if exact:
-        val_bad = finite & (e != a)
+        within = e == a
     else:
         within = (abs_err <= tol.atol) | (rel_err <= tol.rtol) | (ulp <= tol.max_ulp)
-        if bound is not None:
-            within |= abs_err <= np.where(np.isnan(bound), np.inf, bound) + ulp_size(e, name_dt) * tol.max_ulp
-        val_bad = finite & ~within
+        if babs is not None:
+            slack = ulp_size(e, name_dt) * tol.max_ulp
+            with np.errstate(invalid="ignore"):
+                within |= abs_err <= np.where(np.isfinite(babs), babs, np.inf) + slack
+                # the overflow threshold: a finite side within the bound of max meets an infinity
+                fin_side = np.where(np.isfinite(e), np.abs(e), np.abs(a))
+                near_max = (babs > 0) & (babs < fmax) & (fin_side + babs + ulp_size(fmax, name_dt) *
+                                                         tol.max_ulp >= fmax)
+            straddle = inf_bad & near_max & (np.isfinite(e) != np.isfinite(a)) & \
+                (np.signbit(e) == np.signbit(a))
+            inf_bad = inf_bad & ~straddle
+    val_bad = finite & ~within
     sz_bad = err.signed_zero if signed_zero else np.zeros_like(val_bad)
-    bad = (nan_bad | inf_bad | val_bad | sz_bad) & mask
-    checked = int(mask.sum())
-    m = mask & finite
+    fixed = judged & ~free
+    bad = (nan_bad | inf_bad | val_bad | sz_bad) & fixed
+    # order-dependent positions: the reference's own outcome, or one the bound allows there
+    a_nan, e_nan, a_fin = np.isnan(a), np.isnan(e), np.isfinite(a)
+    same_nonfinite = (a_nan & e_nan) | (np.isinf(a) & (a == e))
+    legal = same_nonfinite | (finite & within) | straddle | \
+        (a_nan & (allow & NAN > 0)) | ((a == np.inf) & (allow & POS_INF > 0)) | \
+        ((a == -np.inf) & (allow & NEG_INF > 0)) | (a_fin & (allow & ANY_FINITE > 0)) | \
+        (a_fin & ~np.isfinite(e) & (allow & REF_MAY_OVERFLOW > 0))
+    free_bad = judged & free & ~legal
+    bad = bad | free_bad
+    checked = int(judged.sum())
+    m = fixed & finite
     res = Comparison(
         ok=not bad.any(),
         max_abs_err=float(abs_err[m].max()) if m.any() else 0.0,
@@ -188,15 +314,46 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
         max_ulp=float(ulp[m].max()) if m.any() else 0.0,
         mismatches=int(bad.sum()),
         checked=checked,
+        order_dependent=int((judged & free).sum()),
+        nonfinite=int(((nan_bad | inf_bad) & fixed | free_bad).sum()),
+        unbounded=0 if babs is None else int((fixed & np.isfinite(e) & ~(babs < fmax)).sum()),
     )
     if not res.ok:
-        kinds = [k for k, v in (("NaN", nan_bad), ("inf", inf_bad), ("value", val_bad),
-                                ("signed zero", sz_bad)) if (v & mask).any()]
-        score = np.where(bad, np.where(finite, ulp, np.inf), -1.0)
+        kinds = [k for k, v in (("NaN", nan_bad & fixed), ("inf", inf_bad & fixed), ("value", val_bad & fixed),
+                                ("signed zero", sz_bad & fixed), ("order-dependent outcome", free_bad))
+                 if v.any()]
+        score = np.where(bad, np.where(finite & ~free, ulp, np.inf), -1.0)
         i = int(np.argmax(score))
         idx = _flat_index(expected.shape, i)
         res.worst_index = idx
         res.message = (f"{name}: {res.mismatches}/{n} elements differ ({', '.join(kinds)}); worst at "
                        f"{idx}: expected {expected.flat[i]!r}, got {actual.flat[i]!r} "
                        f"(max ulp {res.max_ulp:g}, max abs {res.max_abs_err:.3g})")
+        if free_bad.flat[i]:
+            legal_names = [nm for bit, nm in ((POS_INF, "+inf"), (NEG_INF, "-inf"), (NAN, "NaN"),
+                                              (FINITE, "a finite value within the bound"),
+                                              (ANY_FINITE, "any finite value"),
+                                              (REF_MAY_OVERFLOW, "a finite value where the reference overflowed"))
+                           if allow.flat[i] & bit]
+            res.message += ("; order-dependent there, legal: the reference's outcome"
+                            + "".join(f", {x}" for x in legal_names))
     return res
+
+
+def nonfinite_mismatch(expected: np.ndarray, actual: np.ndarray, name: str = "output") -> Comparison | None:
+    """For judges of a whole output (solvers, factorizations, iterative methods), which measure
+    errors over finite values only: a failing Comparison where the NaN/inf pattern differs from
+    the reference's (NaN for NaN, the same infinity, finite for finite), else None. Without it a
+    column of NaN would carry no error at all and pass."""
+    if expected.shape != actual.shape:
+        return None  # the layout check reports it
+    with np.errstate(invalid="ignore"):
+        e, a = expected.astype(np.float64), actual.astype(np.float64)
+        bad = (np.isnan(e) != np.isnan(a)) | ((np.isinf(e) | np.isinf(a)) & ~np.isnan(e) & ~np.isnan(a) & (e != a))
+    if not bad.any():
+        return None
+    i = int(np.flatnonzero(bad)[0])
+    return Comparison(False, mismatches=int(bad.sum()), nonfinite=int(bad.sum()), checked=e.size, worst_index=_flat_index(e.shape, i),
+                      message=f"{name}: {int(bad.sum())}/{e.size} elements differ from the reference in "
+                              f"NaN/inf (first at {_flat_index(e.shape, i)}: expected {expected.flat[i]!r}, "
+                              f"got {actual.flat[i]!r})")

@@ -25,15 +25,58 @@ from rlx_conformance.core.errors import RlxError
 
 CATEGORIES = ("unimplemented", "undefined-by-spec", "backend-bug", "precision")
 
+# The kinds of failure an entry may excuse (its ``excuses`` field), from a record
+# (:func:`failure_kinds`): finite values outside the tolerance, bound or accuracy budget; a NaN,
+# infinity or order-dependent outcome where the reference has another; an exception or a broken
+# call convention; a dead worker; no result in time.
+KINDS = ("value", "nonfinite", "error", "crash", "timeout")
+# What each category can explain. A precision entry explains wrong digits (and, where its reason
+# says so, an infinity or a zero at a range limit): never a dead or failing process. An
+# unimplemented op raises or aborts; it does not compute wrong numbers.
+CATEGORY_KINDS = {
+    "precision": frozenset({"value", "nonfinite"}),
+    "unimplemented": frozenset({"error", "crash"}),
+    "undefined-by-spec": frozenset({"value", "nonfinite", "error"}),
+    "backend-bug": frozenset(KINDS),
+}
+CAPS = ("max_ulp", "max_rel_err", "max_abs_err")  # an entry excusing "value" names at least one
+
 FILE = "cases/known_divergences.toml"
 _KEY = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
-_FIELDS = frozenset({"key", "op", "category", "reason", "dtype", "backend", "device", "mode", "vals",
-                     "shape", "id", "link", "timeout", "strict", "isolate"})
+_FIELDS = frozenset({"key", "op", "category", "reason", "excuses", *CAPS, "dtype", "backend", "device",
+                     "mode", "vals", "shape", "id", "link", "timeout", "strict", "isolate"})
 _LISTS = ("op", "dtype", "id")  # the fields that take a list; each item is a part of the entry
 
 # A part of an entry: for each list field of more than one item, the item a case falls under
 # (op, then dtype, then id); () for an entry without such lists, which is one part.
 Part = tuple[str, ...]
+
+
+class Measured(Protocol):
+    """What excusing needs of a record: its outcome, and for a failed comparison what was measured."""
+
+    outcome: str
+    max_ulp: float | None
+    max_rel_err: float | None
+    max_abs_err: float | None
+    nonfinite_mismatches: int | None
+
+
+def failure_kinds(r: Measured) -> frozenset[str]:
+    """The kinds of failure a record shows (:data:`KINDS`); empty for a pass or a skip. A failed
+    comparison is "value", "nonfinite" or both (finite elements off and NaN/inf pattern off)."""
+    if r.outcome in ("error", "contract"):
+        return frozenset({"error"})
+    if r.outcome in ("crash", "timeout"):
+        return frozenset({r.outcome})
+    if r.outcome != "fail":
+        return frozenset()
+    out = set()
+    if getattr(r, "nonfinite_mismatches", None):
+        out.add("nonfinite")
+    if not out or any((getattr(r, k, None) or 0) > 0 for k in CAPS):
+        out.add("value")
+    return frozenset(out)
 
 
 class CaseLike(Protocol):
@@ -79,6 +122,29 @@ class Divergence:
     # true for a divergence that corrupts the process (heap corruption): its cases run alone in
     # a worker that is replaced afterwards, so that nothing later runs on a damaged heap.
     isolate: bool = False
+    excuses: frozenset[str] = frozenset()  # the failure kinds it excuses (KINDS)
+    # caps of an excused value failure: a record measured above any of them is not excused
+    max_ulp: float | None = None
+    max_rel_err: float | None = None
+    max_abs_err: float | None = None
+
+    def excuse(self, r: Measured) -> str | None:
+        """None if this entry excuses the failure ``r`` records, else why not (for the message)."""
+        kinds = failure_kinds(r)
+        extra = sorted(kinds - self.excuses)
+        if extra:
+            return f"it excuses {', '.join(sorted(self.excuses))}, not {', '.join(extra)}"
+        if "value" in kinds:
+            over = [f"{k} {getattr(r, k):.3g} > cap {getattr(self, k):.3g}" for k in CAPS
+                    if getattr(self, k) is not None and (getattr(r, k, None) or 0) > getattr(self, k)]
+            if over:
+                return "; ".join(over)
+        return None
+
+    def caps(self) -> str:
+        """The caps in words ("16 ulp, 1e-06 relative")."""
+        names = {"max_ulp": "ulp", "max_rel_err": "relative", "max_abs_err": "absolute"}
+        return ", ".join(f"{getattr(self, k):g} {names[k]}" for k in CAPS if getattr(self, k) is not None)
 
     def matches(self, case: CaseLike) -> bool:
         t = case.target
@@ -157,6 +223,22 @@ def _entry(raw: dict[str, Any], where: str) -> Divergence:
             raise RlxError(f"{where}: {name} must be true or false")
     if "timeout" in kw and (isinstance(kw["timeout"], bool) or not isinstance(kw["timeout"], int | float)):
         raise RlxError(f"{where}: timeout must be a number of seconds")
+    excuses = _strings(raw.get("excuses", []) or [""], "excuses", where) if "excuses" in raw else ()
+    if not excuses or not set(excuses) <= set(KINDS):
+        raise RlxError(f"{where}: excuses must list the failure kinds it excuses, of {', '.join(KINDS)}")
+    beyond = sorted(set(excuses) - CATEGORY_KINDS[kw["category"]])
+    if beyond:
+        raise RlxError(f"{where}: a {kw['category']} entry cannot excuse {', '.join(beyond)} "
+                       f"(it explains {', '.join(sorted(CATEGORY_KINDS[kw['category']]))})")
+    kw["excuses"] = frozenset(excuses)
+    for name in CAPS:
+        if name in kw and (isinstance(kw[name], bool) or not isinstance(kw[name], int | float) or kw[name] < 0):
+            raise RlxError(f"{where}: {name} must be a non-negative number")
+    if "value" in excuses and not any(name in kw for name in CAPS):
+        raise RlxError(f"{where}: an entry that excuses value mismatches needs a cap "
+                       f"({', '.join(CAPS)}): a failure above it is reported as a failure")
+    if "value" not in excuses and any(name in kw for name in CAPS):
+        raise RlxError(f"{where}: caps apply to value mismatches, which the entry does not excuse")
     return Divergence(**kw)
 
 
@@ -309,38 +391,39 @@ def entry_name(r: _Record) -> str:
     return d.key + (f" ({d.describe(part)})" if part else "")
 
 
-# (entry, part) pairs whose whole scope on the run's targets is among the records: the run layer's
-# answer (run/staleness.py), which generates the cases of each part.
-Coverage = Callable[[list[tuple[Divergence, Part]], Sequence[_Record]], list[tuple[Divergence, Part]]]
+# The unit of staleness: a part of an entry, one op its globs match, one device and one mode.
+Unit = tuple[Divergence, Part, str, str, str]
+# The units whose whole scope on the run's targets is among the records: the run layer's answer
+# (run/staleness.py), which generates the cases of each unit.
+Coverage = Callable[[list[Unit], Sequence[_Record]], list[Unit]]
 
 
 def stale_entries(results: Sequence[_Record], fully_covered: Coverage
-                  ) -> tuple[set[tuple[str, Part]], list[tuple[Divergence, Part]]]:
-    """The parts of entries none of whose matched cases failed (xpass: the divergence is gone) as
-    (key, part), and the parts that matched no case at all (a warning: the scope is wrong or the
-    cases were removed). Only a run that held a part's every case can call it stale: that is
-    ``fully_covered``'s to say (a run of reduce_sum alone must not call the entry for the empty
-    reductions of every reduce_* op stale)."""
-    matched: dict[tuple[Divergence, Part], bool] = {}
+                  ) -> tuple[set[tuple[str, Part, str, str, str]], list[tuple[Divergence, Part]]]:
+    """The units of entries (a part, an op, a device, a mode) none of whose matched cases failed
+    (xpass: the divergence is gone there) as (key, part, op, device, mode), and the parts that
+    matched no case at all (a warning: the scope is wrong or the cases were removed). Per op and
+    per target, so that an entry spanning reduce_* does not stay alive through reduce_prod alone,
+    nor one spanning both devices through one of them. Only a run that held a unit's every case
+    can call it stale: that is ``fully_covered``'s to say (a run of --dtypes float32 must not call
+    a float32-and-float64 entry's op stale)."""
+    matched: dict[Unit, bool] = {}
     for r in results:
         hit = part_of(r)
         if hit is not None:
-            matched[hit] = matched.get(hit, False) or r.outcome == "xfail"
-    stale = [dp for dp, failed in matched.items() if not failed and dp[0].strict]
+            u = (*hit, r.op, r.device, r.mode)
+            matched[u] = matched.get(u, False) or r.outcome not in ("pass", "xpass", "skip")
+    stale = [u for u, failed in matched.items() if not failed and u[0].strict]
     if stale:
         stale = fully_covered(stale, results)
     ops = {r.op for r in results}  # only parts about ops this run covered can be "unmatched"
     devices, modes = {r.device for r in results}, {r.mode for r in results}  # (a GPU entry in a CPU run)
+    seen = {(u[0], u[1]) for u in matched}
     unmatched = [(d, p) for d in divergences() if not d.exhaustive  # the sweep's rows (exhaustive.py)
                  and d.device in (None, *devices) and d.mode in (None, *modes)
-                 for p in d.parts() if (d, p) not in matched
+                 for p in d.parts() if (d, p) not in seen
                  and any(fnmatch.fnmatchcase(op, g) for op in ops for g in d.part_ops(p))]
-    return {(d.key, p) for d, p in stale}, unmatched
-
-
-# A precision entry explains wrong values, not a dead or failing process: a crash, timeout,
-# error or contract breach under it must find a backend-bug / unimplemented entry or stay bad.
-_EXCUSES_ONLY_VALUES = ("precision",)
+    return {(d.key, p, op, dev, mode) for d, p, op, dev, mode in stale}, unmatched
 
 
 class _ByOp:
@@ -366,11 +449,23 @@ class _ByOp:
 _entries_for = _ByOp()
 
 
-def known_divergence(case: CaseLike, outcome: str | None = None) -> Divergence | None:
-    """The first entry that scopes ``case`` (and, given the case's ``outcome``, whose category
-    can explain it: a precision entry cannot excuse a crash)."""
-    for d in _entries_for(case.op):
-        if d.matches(case) and not (outcome not in (None, "fail", "pass")
-                                    and d.category in _EXCUSES_ONLY_VALUES):
+def scoping(case: CaseLike) -> list[Divergence]:
+    """Every entry whose scope holds ``case``, in file order."""
+    return [d for d in _entries_for(case.op) if d.matches(case)]
+
+
+def known_divergence(case: CaseLike, result: Measured | None = None) -> Divergence | None:
+    """The first entry whose scope holds ``case``; given the case's ``result`` (a failure), the
+    first that excuses it: its kind among the entry's ``excuses``, its measured error within the
+    entry's caps."""
+    for d in scoping(case):
+        if result is None or not failure_kinds(result) or d.excuse(result) is None:
             return d
     return None
+
+
+def unexcused(case: CaseLike, result: Measured) -> str:
+    """Why the entries scoping a failing case do not excuse it ("" where none scopes it), for
+    its message: the failure stays a failure, with the entry named."""
+    why = [f"{d.key} ({d.excuse(result)})" for d in scoping(case) if d.excuse(result) is not None]
+    return ("outside known divergence " + "; ".join(why)) if why else ""

@@ -8,7 +8,7 @@ from functools import cache
 from rlx_conformance.core import data
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError
-from rlx_conformance.judge.accuracy import budget_for
+from rlx_conformance.judge.budget_table import budget_for
 from rlx_conformance.judge.compare import Tolerance
 
 
@@ -30,7 +30,7 @@ def tolerance_for(op: str, dtype: str) -> Tolerance:
         raise RlxError("cases/tolerances.toml [from_budget] needs ops (a list of globs) and a reason")
     if any(fnmatch.fnmatchcase(op, g) for g in fb.get("ops", ())):
         b = budget_for(op, dt.compute_dtype(dtype))
-        if b.bound is not None or b.atol:
+        if b.kind != "ulp" or b.atol:
             raise RlxError(f"cases/tolerances.toml [from_budget] {op}: its budget ({b.source}) is not "
                            "a plain ULP count")
         return Tolerance(max_ulp=b.ulp, source=f"budget:{b.source}")

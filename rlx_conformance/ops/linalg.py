@@ -26,6 +26,7 @@ from rlx_conformance.judge.bounds.linalg import (
 from rlx_conformance.ops import _linalg_build as lb
 from rlx_conformance.spec import infer
 from rlx_conformance.spec.registry import Attr, Input, Policy, declare
+from rlx_conformance.spec.values import ACCUMULATION_CLASSES
 
 
 # -- shape inference ------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ declare(name="mat_mul", family="linalg", doc="numpy matmul: batched, broadcast b
         policy=Policy(bound=matmul_bound, bound_reason="any summation order: gamma_K * (|A||B|)"),
         error_inputs=lambda: [("contraction mismatch", [np.ones((2, 3), np.float32), np.ones((4, 2), np.float32)], {}),
                               ("scalar operand", [np.ones((), np.float32), np.ones(3, np.float32)], {})],
-        values=("random", "special"))
+        values=("random", "special") + ACCUMULATION_CLASSES)
 
 _DIMS = ((), (0,), (1,), (2,), (2, 3), (1, 0))
 declare(name="dot_general", family="linalg",

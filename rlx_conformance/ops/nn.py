@@ -31,6 +31,7 @@ from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds import nn as bounds
 from rlx_conformance.judge.bounds.nn import attention_dims
 from rlx_conformance.spec import infer
+from rlx_conformance.spec.values import ACCUMULATION_CLASSES
 from rlx_conformance.spec.registry import (
     Attr,
     ErrorInputs,
@@ -144,7 +145,7 @@ _NORM_INPUTS = (Input("x", domain="nn_x"), Input("gamma", domain="nn_gamma"), In
 def norm(name: str, doc: str, *, attrs: tuple[Attr, ...], infer: Infer, shapes: str,
          bound: Callable[..., np.ndarray], bound_reason: str, error_inputs: ErrorInputs,
          inputs: tuple[Input, ...] = _NORM_INPUTS,
-         values: tuple[str, ...] = ("random", "special", "spread")) -> OpSpec:
+         values: tuple[str, ...] = ("random", "special", "spread") + ACCUMULATION_CLASSES) -> OpSpec:
     """A float normalization x, gamma, beta (+ extra inputs), judged by its error bound; the
     ``spread`` class (rows of large mean and small variance) shows a one-pass variance."""
     return declare(name=name, family="norm", doc=doc, inputs=inputs, dtypes=FLOATS, attrs=attrs,
@@ -196,7 +197,7 @@ declare(name="attention", family="attention",
                     doc="0: 1/sqrt(head_dim)"),
                Attr("logit_softcap", "float", default=0.0, sweep=_short_keys((0.0, 5.0), (0.0, 5.0)),
                     doc="0: none")),
-        infer=_attention_infer, shapes="nn_attention", values=("random",),
+        infer=_attention_infer, shapes="nn_attention", values=("random",) + ACCUMULATION_CLASSES,
         undefined=_attention_undefined,
         policy=Policy(bound=bounds.attention_bound, bound_reason="score dot products (gamma_D), "
                       "softmax sensitivity and the weighted sum (gamma_Sk)"),

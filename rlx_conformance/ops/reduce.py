@@ -29,6 +29,7 @@ from rlx_conformance.judge.bounds.reduce import (
     sum_bound,
 )
 from rlx_conformance.spec import infer
+from rlx_conformance.spec.values import ACCUMULATION_CLASSES
 from rlx_conformance.spec.registry import (
     Attr,
     Input,
@@ -39,7 +40,8 @@ from rlx_conformance.spec.registry import (
 )
 
 EXACT = Policy(exact=True)
-SPREAD = ("random", "special", "spread")  # value classes of the accumulating ops
+SPREAD = ("random", "special", "spread")  # value classes of the reductions and scans
+ACCUMULATE = SPREAD + ACCUMULATION_CLASSES  # of the accumulating ones (sums, products, softmax)
 
 
 def _axis_errors(dtypes, attr: str, empty_axis: bool = False):
@@ -71,12 +73,12 @@ def _bounded(bound: Callable[..., np.ndarray], reason: str) -> Policy:
 
 @declaration_helper
 def reduction(name: str, doc: str, *, dtypes: tuple[str, ...] = dt.NUMERIC, policy: Policy = EXACT,
-              domain: str = "real", empty_axis: bool = False) -> OpSpec:
+              domain: str = "real", empty_axis: bool = False, values: tuple[str, ...] = SPREAD) -> OpSpec:
     """A reduction over ``axes`` with ``keep_dim``; ``empty_axis``: reducing an empty axis is an
     error (no identity)."""
     return declare(name=name, family="reduce", doc=doc, inputs=(Input("x", domain=domain),),
                    dtypes=dtypes, attrs=(_AXES, _KEEP), infer=infer.reduce, shapes="reduce",
-                   values=SPREAD, policy=policy,
+                   values=values, policy=policy,
                    error_inputs=_axis_errors(dtypes, "axes", empty_axis=empty_axis))
 
 
@@ -89,36 +91,37 @@ def arg_reduction(name: str, doc: str) -> OpSpec:
 
 
 @declaration_helper
-def scan(name: str, doc: str, *, policy: Policy = EXACT, domain: str = "real") -> OpSpec:
+def scan(name: str, doc: str, *, policy: Policy = EXACT, domain: str = "real",
+         values: tuple[str, ...] = SPREAD) -> OpSpec:
     """A running reduction along ``axis`` with ``exclusive`` and ``reverse``."""
     return declare(name=name, family="scan", doc=doc + " (exclusive: shifted by one, identity first; "
                    "reverse: from the end)", inputs=(Input("x", domain=domain),), dtypes=dt.NUMERIC,
-                   attrs=_SCAN_ATTRS, infer=infer.along_axis, shapes="reduce", values=SPREAD,
+                   attrs=_SCAN_ATTRS, infer=infer.along_axis, shapes="reduce", values=values,
                    policy=policy, error_inputs=_axis_errors(dt.NUMERIC, "axis"))
 
 
 # -- reductions ----------------------------------------------------------------------------------
 reduction("reduce_sum", "sum; ints wrap",
-          policy=_bounded(sum_bound, "any summation order: 2*gamma_(n-1)*sum|x|"))
+          policy=_bounded(sum_bound, "any summation order: 2*gamma_(n-1)*sum|x|"), values=ACCUMULATE)
 reduction("reduce_mean", "arithmetic mean", dtypes=dt.FLOATS,
-          policy=_bounded(mean_bound, "sum bound / n"))
+          policy=_bounded(mean_bound, "sum bound / n"), values=ACCUMULATE)
 reduction("reduce_max", "max, NaN-propagating", empty_axis=True)
 reduction("reduce_min", "min, NaN-propagating", empty_axis=True)
 reduction("reduce_prod", "product; ints wrap", domain="near_one",
-          policy=_bounded(prod_bound, "n-1 roundings: 2*gamma_(n-1)*|prod|"))
+          policy=_bounded(prod_bound, "n-1 roundings: 2*gamma_(n-1)*|prod|"), values=ACCUMULATE)
 
 arg_reduction("arg_max", "index of the max; ties and NaN: first wins")
 arg_reduction("arg_min", "index of the min; ties and NaN: first wins")
 
 declare(name="softmax", family="reduce", doc="exp(x - max) / sum exp(x - max) along axis",
         inputs=(Input("x", domain="real"),), dtypes=dt.FLOATS, attrs=(_AXIS,),
-        infer=infer.along_axis, shapes="reduce", values=SPREAD,
+        infer=infer.along_axis, shapes="reduce", values=ACCUMULATE,
         policy=_bounded(softmax_bound, "2(n+4)u relative + smallest-normal floor"),
         error_inputs=_axis_errors(dt.FLOATS, "axis"))
 
 # -- scans ---------------------------------------------------------------------------------------
 scan("cumsum", "running sum; ints wrap",
-     policy=_bounded(cumsum_bound, "running sum: 2*gamma_(n-1)*cumsum|x|"))
+     policy=_bounded(cumsum_bound, "running sum: 2*gamma_(n-1)*cumsum|x|"), values=ACCUMULATE)
 scan("cum_prod", "running product; ints wrap", domain="near_one",
-     policy=_bounded(cumprod_bound, "running product: 2*gamma_(n-1)*|cumprod|"))
+     policy=_bounded(cumprod_bound, "running product: 2*gamma_(n-1)*|cumprod|"), values=ACCUMULATE)
 scan("cum_max", "running max, NaN-propagating")

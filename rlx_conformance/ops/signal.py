@@ -42,7 +42,7 @@ from rlx_conformance.spec.registry import (
     declaration_helper,
     declare,
 )
-from rlx_conformance.spec.values import make_array, specials
+from rlx_conformance.spec.values import ACCUMULATION_CLASSES, make_array, specials
 
 FLOATS = dt.FLOATS
 
@@ -325,7 +325,7 @@ declare(name="softmax_cross_entropy", family="loss", doc="per row (last axis = c
         "-sum_c targets_c * log_softmax(logits)_c, with targets probabilities of the same shape",
         inputs=(Input("logits"), Input("targets")), dtypes=FLOATS,
         infer=infer_xent, shapes="xent", generate=gen_xent,
-        values=("random", "special", "spread"),
+        values=("random", "special", "spread") + ACCUMULATION_CLASSES,
         # targets are probabilities of logits' shape (no integer labels to be out of range)
         error_inputs=lambda: [("targets shape differs", [_f32(2, 3), _f32(2, 4)], {}),
                               ("empty class axis", [_f32(2, 0), _f32(2, 0)], {}),

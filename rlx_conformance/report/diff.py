@@ -2,10 +2,16 @@
 distribution, and whether it is a regression that should fail CI.
 
 Regression (exit 1): a new failure (a case bad in NEW that passed, xfailed or skipped in BASE, or
-a bad case BASE did not have), error drift (a case passing in both whose max ULP or max relative
-error grew past the thresholds), distribution drift (a group whose p99 or max ULP, or count over
-budget, grew over the cases both runs share) and tolerance-lock violations. Fixed cases, added or
-removed cases and other outcome changes are reported but do not fail."""
+a bad case BASE did not have); a newly excused case (pass in BASE, xfail in NEW: a known
+divergence now hides a failure the baseline did not have, which gates like any failure, or the
+excuse would be a way around the gate); a new case excused by an entry no BASE record names (a
+new case under an entry BASE already used is the known divergence covering more cases: listed
+only); error drift (a case passing in both, or xfail in both, whose max ULP or max relative error
+grew past the thresholds); distribution drift (a group whose p99 or max ULP, or count over budget,
+grew over the cases both runs share: passing and excused cases apart); and tolerance-lock
+violations or lock lines above their accuracy budget. Fixed cases (bad in BASE and not in NEW,
+or xfail in BASE and passing in NEW), added or removed cases and other outcome changes are
+reported but do not fail."""
 from __future__ import annotations
 
 import math
@@ -20,7 +26,7 @@ from rlx_conformance.report.records import (
     key_str,
     measure,
 )
-from rlx_conformance.report.stats import Dist, distributions
+from rlx_conformance.report.stats import Dist, Errors, distributions
 
 SCHEMA = "rlx-conformance/diff/v1"
 
@@ -65,13 +71,19 @@ class Diff:
     new: str
     thresholds: Thresholds
     new_failures: list[dict[str, Any]] = field(default_factory=list)
+    # pass in BASE, xfail in NEW ("newly excused"): a regression
+    newly_excused: list[dict[str, Any]] = field(default_factory=list)
+    # xfail in NEW, absent or skipped in BASE ("new, excused"): a regression where new_entry
+    new_excused: list[dict[str, Any]] = field(default_factory=list)
     fixed: list[dict[str, Any]] = field(default_factory=list)
     outcome_changes: list[dict[str, Any]] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     still_bad: int = 0
-    error_drift: list[dict[str, Any]] = field(default_factory=list)
-    distribution_drift: list[dict[str, Any]] = field(default_factory=list)
+    error_drift: list[dict[str, Any]] = field(default_factory=list)  # passing in both runs
+    excused_drift: list[dict[str, Any]] = field(default_factory=list)  # xfail in both runs
+    distribution_drift: list[dict[str, Any]] = field(default_factory=list)  # passing cases
+    excused_distribution_drift: list[dict[str, Any]] = field(default_factory=list)  # xfail in both
     lock: Any = None  # lockfile.LockCheck, set by the front that checked the lock
 
     @property
@@ -79,52 +91,98 @@ class Diff:
         return len(self.lock.violations) if self.lock is not None else 0
 
     @property
+    def lock_over_budget(self) -> int:
+        """Lock lines above their group's accuracy budget (a lock line cannot hold such a group)."""
+        return len(self.lock.lines_over_budget) if self.lock is not None else 0
+
+    @property
+    def new_excused_by_new_entry(self) -> list[dict[str, Any]]:
+        return [x for x in self.new_excused if x["new_entry"]]
+
+    @property
     def regression(self) -> bool:
-        return bool(self.new_failures or self.error_drift or self.distribution_drift or self.lock_violations)
+        return bool(self.new_failures or self.newly_excused or self.new_excused_by_new_entry
+                    or self.error_drift or self.excused_drift or self.distribution_drift
+                    or self.excused_distribution_drift or self.lock_violations or self.lock_over_budget)
 
     def counts(self) -> dict[str, int]:
-        return {"new_failures": len(self.new_failures), "fixed": len(self.fixed),
+        return {"new_failures": len(self.new_failures), "newly_excused": len(self.newly_excused),
+                "new_excused": len(self.new_excused),
+                "new_excused_new_entry": len(self.new_excused_by_new_entry), "fixed": len(self.fixed),
                 "outcome_changes": len(self.outcome_changes), "added": len(self.added),
                 "removed": len(self.removed), "still_bad": self.still_bad,
-                "error_drift": len(self.error_drift), "distribution_drift": len(self.distribution_drift),
-                "lock_violations": self.lock_violations,
+                "error_drift": len(self.error_drift), "excused_drift": len(self.excused_drift),
+                "distribution_drift": len(self.distribution_drift),
+                "excused_distribution_drift": len(self.excused_distribution_drift),
+                "lock_violations": self.lock_violations, "lock_over_budget": self.lock_over_budget,
                 "lock_tighter": len(self.lock.tighter) if self.lock is not None else 0,
                 "lock_unlocked": len(self.lock.unlocked) if self.lock is not None else 0}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "base": self.base, "new": self.new, "thresholds": asdict(self.thresholds),
                 "regression": self.regression, "counts": self.counts(),
-                "new_failures": self.new_failures, "fixed": self.fixed,
+                "new_failures": self.new_failures, "newly_excused": self.newly_excused,
+                "new_excused": self.new_excused, "fixed": self.fixed,
                 "outcome_changes": self.outcome_changes, "error_drift": self.error_drift,
-                "distribution_drift": self.distribution_drift, "added": self.added,
+                "excused_drift": self.excused_drift, "distribution_drift": self.distribution_drift,
+                "excused_distribution_drift": self.excused_distribution_drift, "added": self.added,
                 "removed": self.removed, "lock": None if self.lock is None else self.lock.to_json()}
+
+
+def _entry(rec: Record) -> str | None:
+    """The known divergence a record names (xfail, or a pass inside an entry's scope)."""
+    div = rec.get("divergence")
+    return div.get("entry") if isinstance(div, dict) else None
+
+
+def _excused(cid: str, old: Record | None, cur: Record, base_entries: set[str]) -> dict[str, Any]:
+    entry = _entry(cur)
+    div = cur.get("divergence") or {}
+    return {"id": cid, "base": brief(old), "new": brief(cur), "entry": entry,
+            "category": div.get("category"), "was": div.get("was"),
+            "new_entry": entry is not None and entry not in base_entries}
 
 
 def compare(base: Report | None, new: Report, thresholds: Thresholds = Thresholds()) -> Diff:
     b = base.by_id() if base is not None else {}
     n = new.by_id()
     d = Diff(base=str(base.path) if base is not None else None, new=str(new.path), thresholds=thresholds)
+    # the entries BASE used (on any record: a pass inside an entry's scope names it too)
+    base_entries = {e for e in map(_entry, b.values()) if e is not None}
     d.added = sorted(set(n) - set(b))
     d.removed = sorted(set(b) - set(n))
     for cid in d.added:
         if is_bad(n[cid].get("outcome")):
             d.new_failures.append({"id": cid, "base": None, "new": brief(n[cid])})
+        elif n[cid].get("outcome") == "xfail":
+            d.new_excused.append(_excused(cid, None, n[cid], base_entries))
     common = sorted(set(b) & set(n))
     for cid in common:
         old, cur = b[cid], n[cid]
         o, c = old.get("outcome"), cur.get("outcome")
         if is_bad(c) and not is_bad(o):
             d.new_failures.append({"id": cid, "base": brief(old), "new": brief(cur)})
-        elif is_bad(o) and not is_bad(c):
+        elif (is_bad(o) and not is_bad(c)) or (o == "xfail" and c == "pass"):
             d.fixed.append({"id": cid, "base": brief(old), "new": brief(cur)})
+        elif c == "xfail" and o == "pass":
+            d.newly_excused.append(_excused(cid, old, cur, base_entries))
+        elif c == "xfail" and o == "skip":  # it did not run in BASE: as a case BASE lacks
+            d.new_excused.append(_excused(cid, old, cur, base_entries))
         elif o != c:
             d.outcome_changes.append({"id": cid, "base": o, "new": c})
         if is_bad(o) and is_bad(c):
             d.still_bad += 1
         if o == c == "pass":
             d.error_drift.extend(_case_drift(cid, old, cur, thresholds))
+        elif o == c == "xfail":
+            d.excused_drift.extend(_case_drift(cid, old, cur, thresholds))
     d.new_failures.sort(key=lambda x: x["id"])
     d.distribution_drift = _distribution_drift([b[i] for i in common], [n[i] for i in common], thresholds)
+    # excused errors over the cases excused in both runs: a case that became excused is already
+    # listed as such, and its error would read as drift of the group besides
+    both = [i for i in common if b[i].get("outcome") == n[i].get("outcome") == "xfail"]
+    d.excused_distribution_drift = _distribution_drift([b[i] for i in both], [n[i] for i in both], thresholds,
+                                                       excused=True)
     return d
 
 
@@ -136,26 +194,31 @@ def _case_drift(cid: str, old: Record, cur: Record, t: Thresholds) -> list[dict[
     orl, nrl = measure(old.get("max_rel_err")), measure(cur.get("max_rel_err"))
     if t.grew_rel(orl, nrl, cur.get("dtype", "float64")):
         out.append({"id": cid, "metric": "max_rel_err", "base": old.get("max_rel_err"), "new": cur.get("max_rel_err")})
+    if out and cur.get("outcome") == "xfail":
+        for x in out:
+            x["entry"] = _entry(cur)
     return out
 
 
-def _distribution_drift(base: list[Record], new: list[Record], t: Thresholds) -> list[dict[str, Any]]:
-    """Groups whose p99 or max ULP (or over-budget count) got worse. Computed over the cases both
-    runs hold, so a subset run, a shard or newly added cases do not read as drift."""
+def _distribution_drift(base: list[Record], new: list[Record], t: Thresholds,
+                        excused: bool = False) -> list[dict[str, Any]]:
+    """Groups whose p99 or max ULP (or over-budget count) got worse, among their passing cases or
+    (``excused``) their xfail cases. Computed over the cases both runs hold, so a subset run, a
+    shard or newly added cases do not read as drift."""
     bd, nd = distributions(base), distributions(new)
     out = []
     for key in sorted(set(bd) & set(nd)):
-        metrics = _worse(bd[key], nd[key], t)
+        be, ne = (bd[key].excused, nd[key].excused) if excused else (bd[key], nd[key])
+        metrics = _worse(be, ne, t)
         if metrics:
             out.append({"group": key_str(key), "op": key[0], "dtype": key[1], "target": key[2],
                         "metrics": metrics, "all_pass": nd[key].bad == 0,
-                        "base": bd[key].to_json(), "new": nd[key].to_json()})
+                        "base": be.to_json(), "new": ne.to_json()})
     return out
 
 
-def _worse(b: Dist, n: Dist, t: Thresholds) -> list[str]:
+def _worse(b: Dist | Errors, n: Dist | Errors, t: Thresholds) -> list[str]:
     worse = [m for m in ("p99", "max") if t.grew_ulp(getattr(b, m), getattr(n, m))]
     if b.over_budget is not None and n.over_budget is not None and n.over_budget > b.over_budget:
         worse.append("over_budget")
     return worse
-

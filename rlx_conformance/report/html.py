@@ -193,14 +193,17 @@ def divergences(cases: list[Record]) -> list[dict]:
     return out
 
 
-def stats_tables(cases: list[Record], drifted: set[str]) -> list[dict]:
+def stats_tables(cases: list[Record], drifted: set[str],
+                 excused_drifted: set[str] | frozenset[str] = frozenset()) -> list[dict]:
+    """The error statistics per family: a row per group with a measured error among its passing
+    or its excused cases (the two distributions side by side, never pooled)."""
     fams: dict[str, list[dict]] = defaultdict(list)
     for (op, dtype, tgt), d in stats.distributions(cases).items():
-        if d.n == 0:
+        if d.n == 0 and d.excused.n == 0:
             continue
         key = f"{op}/{dtype}/{tgt}"
         fams[stats.op_family(op)].append({"op": op, "dtype": dtype, "target": tgt, "d": d,
-                                          "drift": key in drifted})
+                                          "drift": key in drifted or key in excused_drifted})
     out = []
     for f, rows in sorted(fams.items()):
         top = max(rows, key=lambda r: r["d"].max if r["d"].max is not None else -1.0)
@@ -389,6 +392,7 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
     for r in cases:
         per_target[target(r)][r["outcome"]] += 1
     drifted = {x["group"] for x in diff.distribution_drift} if diff is not None else set()
+    excused_drifted = {x["group"] for x in diff.excused_distribution_drift} if diff is not None else set()
     meta_rows, tf32 = _meta(report.run)
     summary = {o: int(report.summary.get(o, 0)) for o in OUTCOMES}
     ctx = {
@@ -401,7 +405,7 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
         "per_target": {t: [(o, c[o]) for o in OUTCOMES if c.get(o)] for t, c in per_target.items()},
         "boards": scoreboard(cases, targets, anchors), "dtype_short": DTYPE_SHORT,
         "failures": fail_groups, "failures_more": fail_more, "divergences": div,
-        "stats": stats_tables(cases, drifted), "diff": diff, "lock": lock,
+        "stats": stats_tables(cases, drifted, excused_drifted), "diff": diff, "lock": lock,
         "diff_counts": diff.counts() if diff is not None else None, "max_list": MAX_LIST,
         "plots": dict.fromkeys(("hist", "worst", "outcomes")), "worst": stats.worst_ops(cases),
         "stability": stability_view(report), "oracle": oracle_view(cases),

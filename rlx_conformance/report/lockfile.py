@@ -7,19 +7,28 @@ backend has been seen to do, which is usually much better, and catches drift ins
 
 The file lists the targets it covers and only the groups that are not bit-exact: every group of a
 covered target is locked at 0 ULP and 0 relative error unless a line says otherwise, and a line
-keyed by backend-device ("exp/float32/mlx-cpu") stands for every covered mode of it."""
+keyed by backend-device ("exp/float32/mlx-cpu") stands for every covered mode of it.
+
+The lock never holds a group above its accuracy budget (cases/accuracy.toml; issue 14 item 7): a
+locked value past what a good implementation achieves ratchets nothing, and makes the error look
+accepted. Such a group is a failure or a capped known divergence, not a lock line: the check
+lists it apart (not compared with the lock; the diff's distribution drift still sees its errors
+grow), flags a line that holds it (a regression), and --update-lock neither adds, raises nor
+keeps one for it."""
 from __future__ import annotations
 
 import json
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from rlx_conformance.core import data
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import atomic_write_text
+from rlx_conformance.judge.accuracy import budget_for
 from rlx_conformance.report.records import GroupKey, Record, key_str, parse_key
 from rlx_conformance.report.stats import distributions
 
@@ -45,6 +54,13 @@ HEADER = """\
 # max_ulp: the largest max_ulp of the group's passing cases; max_rel_err likewise. A metric a
 # line leaves out is not checked. A line may carry `reason = "why looser"`.
 #
+# No line holds a group above its accuracy budget (cases/accuracy.toml): where the precise
+# oracle judged the group's cases, one passing case over budget; else, for a budget in ULP
+# alone, a max_ulp above twice the budget (a target and a reference each within budget of the
+# correctly rounded result). Such a group is a failure or a capped known divergence: the checks
+# list it apart and flag a line that holds it (a regression); --update-lock removes such lines
+# and never writes one.
+#
 # Checks (nightly, diff, report): a passing case's error above its group's locked value is a
 # lock violation, which fails the nightly. Errors at or below half the locked value (and, for
 # ULP, at least 1 ULP below) are proposed as tighter entries; --update-lock writes those and
@@ -63,6 +79,9 @@ class Entry:
     max_ulp: float | None = None
     max_rel_err: float | None = None
     reason: str | None = None
+    # observed groups only (observe): the group's passing cases over their accuracy budget as the
+    # precise oracle counted them; None where no case carries the oracle's field. Never in a lock.
+    over_budget: int | None = None
 
     def get(self, metric: str) -> float | None:
         return getattr(self, metric)
@@ -157,27 +176,64 @@ def load(path: Path | None = None) -> Lock:
 
 
 def observe(cases: list[Record]) -> Observed:
-    """The worst errors of each group's passing cases, in lock form."""
+    """The worst errors of each group's passing cases, in lock form, with how many of them the
+    oracle found over budget."""
     out: Observed = {}
     for key, d in distributions(cases).items():
         if d.max is not None or d.max_rel is not None:
-            out[key] = Entry(max_ulp=d.max, max_rel_err=d.max_rel)
+            out[key] = Entry(max_ulp=d.max, max_rel_err=d.max_rel, over_budget=d.over_budget)
     return out
+
+
+@cache
+def ulp_cap(op: str, dtype: str) -> float | None:
+    """The largest max ULP a group within its accuracy budget can show, where the budget is in
+    ULP alone: twice the budget (max_ulp is the ordinal distance to the reference, which the
+    oracle holds to the same budget, so the two results are within 2 x budget of each other).
+    None where the op has no budget for the dtype, or a budget that allows an absolute error or
+    a multiple of the registry's error bound (accumulating ops): no ULP count bounds those, and
+    only the oracle's per-element verdict (the records' over_budget) can judge them."""
+    try:
+        b = budget_for(op, dtype)
+    except RlxError:
+        return None
+    # an accumulating budget: a kind other than "ulp" (or, in older data, a bound multiple)
+    if b.atol or getattr(b, "kind", "ulp") != "ulp" or getattr(b, "bound", None) is not None:
+        return None
+    return 2.0 * b.ulp
+
+
+def above_budget(key: GroupKey, e: Entry) -> str | None:
+    """Why a group (observed, or a lock line) is above its accuracy budget; None when it is not,
+    or when nothing says. The oracle's count decides where it ran; else a ULP budget's cap."""
+    if e.over_budget is not None:
+        if e.over_budget > 0:
+            return f"{e.over_budget} passing case(s) over the accuracy budget of {key[0]} on {key[1]}"
+        return None
+    cap = ulp_cap(key[0], key[1])
+    if cap is not None and e.max_ulp is not None and e.max_ulp > cap:
+        return f"max_ulp {e.max_ulp:g} > {cap:g}, twice the accuracy budget of {key[0]} on {key[1]}"
+    return None
 
 
 @dataclass
 class LockCheck:
-    """A run against the lock: violations (grew past it), tighter proposals, unlocked groups."""
+    """A run against the lock: violations (grew past it), tighter proposals, unlocked groups; the
+    run's groups above their accuracy budget (no lock line can hold them, so they are not
+    compared with the lock) and the lock lines above budget (a regression: the line must go)."""
 
     path: str
     checked: int = 0  # groups both in the run and in the lock
     violations: list[dict[str, Any]] = field(default_factory=list)
     tighter: list[dict[str, Any]] = field(default_factory=list)
     unlocked: list[dict[str, Any]] = field(default_factory=list)
+    over_budget: list[dict[str, Any]] = field(default_factory=list)
+    lines_over_budget: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return _jsonable({"path": self.path, "checked": self.checked, "violations": self.violations,
-                          "tighter": self.tighter, "unlocked": self.unlocked})
+                          "tighter": self.tighter, "unlocked": self.unlocked,
+                          "over_budget": self.over_budget, "lines_over_budget": self.lines_over_budget})
 
 
 def _jsonable(v: Any) -> Any:
@@ -199,7 +255,18 @@ def _tighter(metric: str, locked: float, seen: float) -> bool:
 
 def check(lock: Lock, observed: Observed, path: str | Path = "") -> LockCheck:
     chk = LockCheck(path=str(path))
+    judged: set[GroupKey] = set()  # groups whose budget verdict this run gave
     for key, seen in sorted(observed.items()):
+        why = above_budget(key, seen)
+        if seen.over_budget is not None or why:
+            judged.add(key)
+        if why:
+            chk.over_budget.append({"group": key_str(key), "max_ulp": seen.max_ulp,
+                                    "max_rel_err": seen.max_rel_err, "why": why})
+            line = lock.entries.get(key)
+            if line is not None:
+                chk.lines_over_budget.append(_flag(key, line, why))
+            continue
         entry = lock.get(key)
         if entry is None:
             chk.unlocked.append({"group": key_str(key), "max_ulp": seen.max_ulp, "max_rel_err": seen.max_rel_err})
@@ -220,15 +287,28 @@ def check(lock: Lock, observed: Observed, path: str | Path = "") -> LockCheck:
                                     "proposed": now, "reason": entry.reason})
         if missing:
             chk.unlocked.append({"group": key_str(key), **missing})
+    # the lines of groups this run did not judge: by their own values against a ULP budget
+    for key, line in sorted(lock.entries.items()):
+        why = None if key in judged else above_budget(key, replace(line, over_budget=None))
+        if why:
+            chk.lines_over_budget.append(_flag(key, line, why))
     return chk
+
+
+def _flag(key: GroupKey, line: Entry, why: str) -> dict[str, Any]:
+    return {"group": key_str(key), "max_ulp": line.max_ulp, "max_rel_err": line.max_rel_err,
+            "reason": line.reason, "why": why}
 
 
 def updated(lock: Lock, chk: LockCheck, reason: str | None = None) -> tuple[Lock, int]:
     """The lock with the check's proposals applied: tighter values and unlocked groups always
     (an unlocked group's target joins the covered targets), looser values (violations) only with
-    a reason, which the entry then carries. Returns the new lock and how many violations were
-    refused for want of a reason."""
+    a reason, which the entry then carries; the lines above their accuracy budget removed (the
+    check proposes no value for a group above budget: it is no lock line, reason or not).
+    Returns the new lock and how many violations were refused for want of a reason."""
     new = Lock(set(lock.targets), {k: Entry(e.max_ulp, e.max_rel_err, e.reason) for k, e in lock.entries.items()})
+    for f in chk.lines_over_budget:
+        new.entries.pop(parse_key(f["group"]), None)
 
     def entry(group: str) -> Entry:
         key = parse_key(group)

@@ -1,15 +1,19 @@
 """Error statistics of a run: per (op, dtype, target) group, the distribution of the cases' max ULP
 errors (max, p99, p50) and how many cases went over their accuracy budget (issue 7 item 4).
 
-Only passing cases enter a distribution: a failure is already reported by its outcome, and one
-wrong NaN (2^31 ULP) would hide every change among the cases that agree. The baseline diff
-compares these distributions to catch accuracy that degrades while every case still passes."""
+Passing and excused (xfail) cases are two separate distributions of each group: a failure is
+reported by its outcome, and one wrong NaN (2^31 ULP) among the excused cases would hide every
+change among the cases that agree, so the two are never pooled; but an excused case's error is
+still measured, and one that grows 100× is a regression of its own (issue 14 item 7), which the
+baseline diff can only see if the excused errors have a distribution too. Bad cases (fail, crash,
+...) enter neither. The baseline diff compares these distributions to catch accuracy that
+degrades while every case keeps its outcome."""
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from typing import Any
 
@@ -18,10 +22,34 @@ from rlx_conformance.ops import get_op
 from rlx_conformance.report.records import GroupKey, Record, group_key, is_bad, measure
 
 
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return "inf" if isinstance(v, float) and math.isinf(v) else v
+
+
+@dataclass(frozen=True)
+class Errors:
+    """The max-ULP distribution of one set of a group's cases (its passing or its excused ones).
+    ``n`` counts the cases with a measured max ULP; ``over_budget`` is None when no case record
+    carries the field (no oracle ran)."""
+
+    n: int = 0
+    p50: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    max_rel: float | None = None
+    over_budget: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+
 @dataclass(frozen=True)
 class Dist:
-    """The error distribution of one group. ``n`` counts the passing cases with a measured max
-    ULP; ``over_budget`` is None when no case record carries the field (no oracle ran)."""
+    """The error distribution of one group: the passing cases' (the flat fields, what the lock
+    and the plots read) and, apart, the excused cases' (``excused``: xfail under a known
+    divergence)."""
 
     cases: int
     passed: int
@@ -32,9 +60,11 @@ class Dist:
     max: float | None
     max_rel: float | None
     over_budget: int | None
+    xfailed: int = 0
+    excused: Errors = field(default_factory=Errors)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(self).items()}
+        return _jsonable(asdict(self))
 
 
 def nearest_rank(sorted_values: list[float], q: float) -> float | None:
@@ -55,16 +85,25 @@ def _over_budget(rec: Record) -> int | None:
     return 1 if v else 0
 
 
+def errors(recs: Iterable[Record]) -> Errors:
+    """The distribution of these records' errors, whatever their outcome (the caller picks)."""
+    recs = list(recs)
+    ulps = sorted(u for u in (measure(r.get("max_ulp")) for r in recs) if u is not None)
+    rels = [x for x in (measure(r.get("max_rel_err")) for r in recs) if x is not None]
+    budgets = [b for b in (_over_budget(r) for r in recs) if b is not None]
+    return Errors(n=len(ulps), p50=nearest_rank(ulps, 50), p99=nearest_rank(ulps, 99),
+                  max=ulps[-1] if ulps else None, max_rel=max(rels) if rels else None,
+                  over_budget=sum(budgets) if budgets else None)
+
+
 def distribution(recs: Iterable[Record]) -> Dist:
     recs = list(recs)
     passing = [r for r in recs if r.get("outcome") == "pass"]
-    ulps = sorted(u for u in (measure(r.get("max_ulp")) for r in passing) if u is not None)
-    rels = [x for x in (measure(r.get("max_rel_err")) for r in passing) if x is not None]
-    budgets = [b for b in (_over_budget(r) for r in passing) if b is not None]
+    excused = [r for r in recs if r.get("outcome") == "xfail"]
+    p = errors(passing)
     return Dist(cases=len(recs), passed=len(passing), bad=sum(is_bad(r.get("outcome")) for r in recs),
-                n=len(ulps), p50=nearest_rank(ulps, 50), p99=nearest_rank(ulps, 99),
-                max=ulps[-1] if ulps else None, max_rel=max(rels) if rels else None,
-                over_budget=sum(budgets) if budgets else None)
+                n=p.n, p50=p.p50, p99=p.p99, max=p.max, max_rel=p.max_rel, over_budget=p.over_budget,
+                xfailed=len(excused), excused=errors(excused))
 
 
 def distributions(cases: Iterable[Record]) -> dict[GroupKey, Dist]:

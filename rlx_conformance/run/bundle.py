@@ -41,7 +41,7 @@ from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, make_inputs
-from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE
+from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, Bound
 from rlx_conformance.judge.tolerances import tolerance_for
 from rlx_conformance.run import worker
 from rlx_conformance.run.execute import run_case
@@ -171,7 +171,11 @@ def judge_plan(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray]
         exact = policy.exact or not dt.is_float(out_dt)
         tol = BIT_EXACT_TOLERANCE if exact else tolerance_for(case.op, out_dt)
         if policy.bound is not None and not exact:
-            aux[f"bound{k}"] = np.asarray(policy.bound(inputs, attrs, out_dt), np.float64)
+            b = Bound.of(policy.bound(inputs, attrs, out_dt))
+            aux[f"bound{k}"] = np.asarray(b.abs, np.float64)
+            if b.free is not None:  # order-dependent positions and the outcomes legal there
+                aux[f"free{k}"] = np.asarray(b.free, bool)
+                aux[f"allow{k}"] = np.asarray(0 if b.allow is None else b.allow, np.uint8)
         if undefined is not None:
             aux[f"skip{k}"] = np.broadcast_to(undefined, e.shape)
         outputs.append({"exact": exact, "signed_zero": policy.signed_zero, "tolerance": tol.to_json(),
@@ -362,7 +366,7 @@ def _self_check(src: str, entry_points: dict[str, str], doc: dict[str, Any], inp
     try:
         exec(compile(src, "repro.py", "exec"), ns)  # noqa: S102 — our own generated source
         n = len(expected)
-        extra = {k: [aux.get(f"{k}{i}") for i in range(n)] for k in ("bound", "skip")}
+        extra = {k: [aux.get(f"{k}{i}") for i in range(n)] for k in ("bound", "skip", "free", "allow")}
         comps = ns[entry_points["judge_outputs"]](doc, inputs, expected, actual, extra, ns["CHECK"],
                                                   ns[entry_points["judge_attrs"]])
     except Exception as e:  # noqa: BLE001 — recorded, not raised

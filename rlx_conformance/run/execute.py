@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from rlx_conformance.core.errors import KernelContractError, RlxError, Unsupport
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, make_inputs
 from rlx_conformance.judge import accuracy
-from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, compare
+from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, Bound, compare
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import tolerance_for
 
@@ -49,13 +50,23 @@ REF_CACHE = _RefCache()
 def judge(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
           actual: list[np.ndarray]):
     """Compare every output under the op's policy; returns (ok, comparisons, tolerance)."""
+    ok, comps, tol, _ = judge_with_bounds(case, inputs, expected, actual)
+    return ok, comps, tol
+
+
+def judge_with_bounds(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
+                      actual: list[np.ndarray]):
+    """:func:`judge`, plus the worst-case bound of each output (None where it has none), which
+    the accuracy budgets and the vacuity count read too (computed once: at 10^6 elements it is
+    not free)."""
     spec = case.spec
     attrs = case.attr_dict
     if spec.policy.check is not None:
         comps = spec.policy.check(inputs, attrs, expected, actual)
-        return all(c.ok for c in comps), comps, None
+        return all(c.ok for c in comps), comps, None, [None] * len(expected)
     undefined = spec.undefined(inputs, attrs)
     comps = []
+    bounds: list[Bound | None] = []
     tol = None
     for k, (e, a) in enumerate(zip(expected, actual)):
         out_dt = dt.name_of(e.dtype)
@@ -69,7 +80,75 @@ def judge(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
             skip = np.broadcast_to(undefined, e.shape)
         comps.append(compare(e, a, exact=exact, signed_zero=spec.policy.signed_zero, tol=tol,
                              bound=bound, skip=skip, name=f"output {k}"))
-    return all(c.ok for c in comps), comps, tol
+        bounds.append(Bound.of(bound))
+    return all(c.ok for c in comps), comps, tol, bounds
+
+
+def vacuous(expected: list[np.ndarray], bounds: list[Bound | None]) -> int:
+    """Elements whose worst-case bound exceeds |result| (finite result, asserted position): the
+    bound leaves even the result's sign open there."""
+    n = 0
+    for e, b in zip(expected, bounds):
+        if b is None or not dt.is_float(dt.name_of(e.dtype)):
+            continue
+        babs, free, _ = b.arrays(e.shape)
+        with np.errstate(invalid="ignore"):
+            e64 = e.astype(np.float64)
+            n += int((~free & np.isfinite(e64) & np.isfinite(babs) & (babs > np.abs(e64))).sum())
+    return n
+
+
+@dataclass
+class Verdict:
+    """Every judge's say on one output of the backend under test: ``ok`` (the worst-case bound or
+    tolerance, the non-finite pattern, the op's own check, and the accuracy budget), the message
+    of what failed, the measured fields of the record, and, where the precise oracle found the
+    *reference* wrong, why (a harness bug: the case errors)."""
+
+    ok: bool
+    message: str
+    measured: dict[str, Any]
+    reference_bug: str = ""
+
+
+def verdict(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], actual: list[np.ndarray],
+            ftz: bool = False) -> Verdict:
+    """Judge ``actual`` for ``case`` exactly as the matrix does (run_case calls it; so do the
+    judge audit and the sensitivity benchmark, which hand it deliberately wrong outputs).
+    ``ftz``: whether the target may flush subnormal results to zero."""
+    with np.errstate(all="ignore"):  # NaN/inf in the error arithmetic are expected, not news
+        ok, comps, tol, bounds = judge_with_bounds(case, inputs, expected, actual)
+        # the accuracy budgets (accuracy.py): is the reference, is the target, accurate?
+        orc = accuracy.assess(case, inputs, expected, actual, ok, ftz=ftz, bounds=bounds) \
+            if case.declared else None
+        n_vacuous = vacuous(expected, bounds)
+    measured: dict[str, Any] = dict(
+        max_abs_err=max((c.max_abs_err for c in comps), default=0.0),
+        max_rel_err=max((c.max_rel_err for c in comps), default=0.0),
+        max_ulp=max((c.max_ulp for c in comps), default=0.0),
+        tolerance=tol.to_json() if tol else None)
+    unasserted = {k: sum(getattr(c, k) for c in comps) for k in ("order_dependent", "unbounded")}
+    if any(unasserted.values()):
+        measured["unasserted"] = {k: v for k, v in unasserted.items() if v}
+    if n_vacuous:
+        measured["vacuous_bound"] = n_vacuous
+    nonfinite = sum(c.nonfinite for c in comps)
+    if nonfinite:
+        measured["nonfinite_mismatches"] = nonfinite
+    msg = "; ".join(c.message for c in comps if c.message)
+    if orc is None:
+        return Verdict(ok, msg, measured)
+    refbug, note, over = orc.pop("reference_bug"), orc.pop("note"), orc.pop("over_budget_message")
+    measured.update(orc)
+    if refbug:
+        return Verdict(False, msg, measured, reference_bug=refbug)
+    if note and not ok:
+        msg = f"{msg}; {note}"
+    elif over and ok:  # over its accuracy budget: a failure like any value mismatch
+        ok = False
+        msg = over + (f" (worst-case bound vacuous here: {n_vacuous} element(s) with bound > |result|)"
+                      if n_vacuous else "")
+    return Verdict(ok, msg, measured)
 
 
 def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
@@ -115,28 +194,15 @@ def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
         return CaseResult.for_case(case, outcome, duration_s=dur, message=detail.strip(), **kw)
     kw["output_digest"] = output_digest(out)  # bit-stability across repeats and modes
     try:
-        with np.errstate(all="ignore"):  # NaN/inf in the error arithmetic are expected, not news
-            ok, comps, tol = judge(case, inputs, ref, out)
-            # the precise oracle (accuracy.py): is the reference, is the target, right?
-            ftz = backend.flushes_subnormals(tg.device)  # may the target flush subnormals to 0?
-            orc = accuracy.assess(case, inputs, ref, out, ok, ftz=ftz) if case.declared else None
+        v = verdict(case, inputs, ref, out, ftz=backend.flushes_subnormals(tg.device))
     except Exception as e:  # noqa: BLE001 — a bug in a judge is the harness's, reported as such
         return CaseResult.for_case(case, "error", duration_s=time.perf_counter() - t0, **kw, message=(
             f"harness error while judging: {type(e).__name__}: {e}"))
-    dur = time.perf_counter() - t0
-    measured = dict(
-        max_abs_err=max((c.max_abs_err for c in comps), default=0.0),
-        max_rel_err=max((c.max_rel_err for c in comps), default=0.0),
-        max_ulp=max((c.max_ulp for c in comps), default=0.0),
-        tolerance=tol.to_json() if tol else None, duration_s=dur, **kw)
-    msg = "; ".join(c.message for c in comps if c.message)
-    if orc is not None:
-        refbug, note = orc.pop("reference_bug"), orc.pop("note")
-        measured.update(orc)
-        if refbug:  # the reference itself is wrong: never a pass, never hidden by a divergence
-            return CaseResult.for_case(case, "error", message=refbug + (f" [{msg}]" if msg else ""), **measured)
-        if note and not ok:
-            msg = f"{msg}; {note}"
+    measured = dict(v.measured, duration_s=time.perf_counter() - t0, **kw)
+    ok, msg = v.ok, v.message
+    if v.reference_bug:  # the reference itself is wrong: never a pass, never hidden by a divergence
+        return CaseResult.for_case(case, "error", message=v.reference_bug + (f" [{msg}]" if msg else ""),
+                                   **measured)
     if not case.declared:
         if ok and not any(np.size(x) for x in inputs):
             # nothing to compute: running without an error says nothing about the dtype (MLX

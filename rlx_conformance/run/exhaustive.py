@@ -32,6 +32,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge import precise
 from rlx_conformance.judge.accuracy import budget_for, measure
 from rlx_conformance.judge.compare import ulp_distance
-from rlx_conformance.judge.divergences import known_divergence
+from rlx_conformance.judge.divergences import known_divergence, unexcused
 from rlx_conformance.ops import all_ops, get_op
 from rlx_conformance.run import worker
 
@@ -284,7 +285,14 @@ def _verdict(row: dict[str, Any], job: dict[str, Any], target: Target) -> dict[s
         return row
     n = row.get("n") or (1 << 16)
     case = pseudo_case(job["op"], job["attrs"], job["dtype"], n, target)
-    d = known_divergence(case)
+    # a failing row is over budget (a "value" failure measured in max_ulp), or dead or hung: only
+    # an entry that excuses that kind, within its cap, excuses it
+    got = SimpleNamespace(outcome=row["outcome"], max_ulp=row.get("max_ulp"), max_rel_err=None,
+                          max_abs_err=None,
+                          nonfinite_mismatches=(row.get("nan_mismatch") or 0) + (row.get("inf_mismatch") or 0))
+    d = known_divergence(case, got if bad else None)
+    if bad and d is None and (why := unexcused(case, got)):
+        row["message"] = f"{row.get('message', '')} [{why}]".strip()
     if d is None or row["outcome"] == "skip":
         return row
     row["divergence"] = {"entry": d.key, "category": d.category, "reason": d.reason}

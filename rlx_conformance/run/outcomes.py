@@ -11,18 +11,29 @@ from types import SimpleNamespace
 
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, Target
-from rlx_conformance.judge.divergences import known_divergence, part_of, stale_entries
+from rlx_conformance.judge.divergences import known_divergence, part_of, scoping, stale_entries, unexcused
 from rlx_conformance.run.staleness import fully_covered
 
 
 def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
-    """A failure inside a known divergence's scope reports xfail; a pass inside it stays a pass
-    but carries the entry, so that :func:`finalize` can tell when an entry has gone stale."""
-    d = known_divergence(case, r.outcome)
-    if d is None or r.outcome == "skip" or r.oracle_verdict == "reference-bug":
+    """A failure inside a known divergence's scope reports xfail, if the entry excuses its kind
+    (and its measured error is within the entry's caps); a failure it does not excuse stays a
+    failure, its message naming the entry and why. A pass inside a scope stays a pass but carries
+    the entry, so that :func:`finalize` can tell when an entry has gone stale."""
+    if r.outcome == "skip" or r.oracle_verdict == "reference-bug":
         return r  # a reference bug (accuracy.py) is the harness's, never a backend's known divergence
+    bad = r.outcome in ("fail", "error", "contract", "crash", "timeout")
+    d = known_divergence(case, r if bad else None)
+    if d is None:
+        if bad and (why := unexcused(case, r)):
+            first = scoping(case)[0]
+            # the entry still reproduces (not stale), but excuses nothing here
+            r.divergence = {"entry": first.key, "category": first.category, "reason": first.reason,
+                            "link": first.link, "excused": False}
+            r.message = f"{r.message} [{why}]"
+        return r
     r.divergence = {"entry": d.key, "category": d.category, "reason": d.reason, "link": d.link}
-    if r.outcome in ("fail", "error", "contract", "crash", "timeout"):
+    if bad:
         r.message = f"known divergence {d.key} ({d.category}: {d.reason}) — was {r.outcome}: {r.message}"
         r.divergence["was"] = r.outcome  # validate re-checks these against the built-in kernel
         r.outcome = "xfail"
@@ -41,25 +52,28 @@ def rejudge(r: CaseResult) -> CaseResult:
             r.message = r.message.split(f" — was {was}: ", 1)[-1]
         elif r.outcome == "xpass":
             r.outcome, r.message = "pass", ""
+        elif r.divergence.get("excused") is False:
+            r.message = r.message.rsplit(" [outside known divergence ", 1)[0]
         r.divergence = None
     target = Target(r.backend, r.device, r.mode, r.variant)
     return apply_divergence(SimpleNamespace(op=r.op, dtype=r.dtype, id=r.id, target=target), r)
 
 
 def finalize(results: list[CaseResult]) -> list[str]:
-    """Strict known divergences: the passes of an entry none of whose cases failed become xpass
-    (an entry with an op, dtype or id list: of each item of the list on its own). Returns warnings
-    (entries, or items of their lists, that matched no case)."""
+    """Strict known divergences: the passes of an entry none of whose cases failed become xpass,
+    judged per op and per target within the entry (and per item of its dtype or id list), so that
+    a fix on one device, in one mode or of one op of a glob shows. Returns warnings (entries, or
+    items of their lists, that matched no case)."""
     stale, unmatched = stale_entries(results, fully_covered)
     for r in results:
         hit = part_of(r) if stale and r.outcome == "pass" else None
-        if hit is None or (hit[0].key, hit[1]) not in stale:
+        if hit is None or (hit[0].key, hit[1], r.op, r.device, r.mode) not in stale:
             continue
         d, part = hit
-        what = (f"in any of its {d.describe(part)} cases: narrow it to what still fails in "
-                "cases/known_divergences.toml" if part
-                else "in any of its cases: remove it from cases/known_divergences.toml")
+        where = f"{r.op} {r.dtype if d.dtype and len(d.dtype) > 1 else ''} cases on {r.device}/{r.mode}".replace("  ", " ")
         r.outcome = "xpass"
-        r.message = (f"known divergence {d.key} ({r.divergence['category']}) no longer reproduces {what} "
-                     f"({r.divergence['reason']})")
+        r.message = (f"known divergence {d.key} ({r.divergence['category']}) no longer reproduces in any "
+                     f"of its {where}" + (f" ({d.describe(part)})" if part else "") +
+                     ": narrow its scope (op, dtype, device, mode, id) to what still fails in "
+                     f"cases/known_divergences.toml, or remove it ({r.divergence['reason']})")
     return [f"known divergence {d.key} ({d.describe(part)}) matched no case" for d, part in unmatched]

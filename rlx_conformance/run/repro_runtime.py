@@ -23,7 +23,7 @@ import numpy as np
 
 from rlx_conformance.backends.mlx import MX_DTYPES, dtype_name, to_mlx, to_numpy
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.compare import Comparison, Tolerance, compare
+from rlx_conformance.judge.compare import Bound, Comparison, Tolerance, compare
 
 SHOW = 5  # elements beyond tolerance listed per output
 
@@ -44,9 +44,19 @@ def load_arrays(path: Path, prefix: str, dtypes: Sequence[str]) -> list[np.ndarr
 
 
 def load_optional(path: Path, prefix: str, n: int) -> list[np.ndarray | None]:
-    """Judging aids stored beside the expected outputs (error bounds, undefined-input masks)."""
+    """Judging aids stored beside the expected outputs (error bounds, their order-dependent
+    positions and legal outcomes, undefined-input masks)."""
     with np.load(path, allow_pickle=False) as z:
         return [z[f"{prefix}{k}"] if f"{prefix}{k}" in z.files else None for k in range(n)]
+
+
+def bound_of(aux: dict[str, list[np.ndarray | None]], k: int) -> Bound | None:
+    """Output k's error bound as compare() takes it (with its order-dependent positions)."""
+    b = aux["bound"][k]
+    if b is None:
+        return None
+    free = (aux.get("free") or [None] * (k + 1))[k]
+    return Bound(b) if free is None else Bound(b, free, aux["allow"][k])
 
 
 def run_on_mlx(kernel: Callable[..., Any], inputs: Sequence[np.ndarray], attrs: dict[str, Any],
@@ -86,18 +96,19 @@ def judge_outputs(case: dict[str, Any], inputs: list[np.ndarray], expected: list
         comps = []
         for k, (e, a, p) in enumerate(zip(expected, actual, case["judge"]["outputs"])):
             comps.append(compare(e, a, exact=p["exact"], signed_zero=p["signed_zero"],
-                                 tol=Tolerance(**p["tolerance"]), bound=aux["bound"][k],
+                                 tol=Tolerance(**p["tolerance"]), bound=bound_of(aux, k),
                                  skip=aux["skip"][k], name=f"output {k}"))
         return comps
 
 
-def beyond_tolerance(e: np.ndarray, a: np.ndarray, p: dict[str, Any], bound: np.ndarray | None,
+def beyond_tolerance(e: np.ndarray, a: np.ndarray, p: dict[str, Any], bound: np.ndarray | Bound | None,
                      skip: np.ndarray | None, limit: int = SHOW) -> list[str]:
     """The first elements that fail the comparison on their own, one line each."""
     if e.shape != a.shape or e.dtype != a.dtype:
         return []
     ef, af = e.reshape(-1), a.reshape(-1)
-    bf = None if bound is None else np.broadcast_to(np.asarray(bound, np.float64), e.shape).reshape(-1)
+    b = Bound.of(bound)
+    bf = None if b is None else b.map(lambda v: np.broadcast_to(v, e.shape).reshape(-1))
     sf = None if skip is None else np.broadcast_to(skip, e.shape).reshape(-1)
     with np.errstate(all="ignore"):
         e64, a64 = ef.astype(np.float64), af.astype(np.float64)
@@ -105,7 +116,8 @@ def beyond_tolerance(e: np.ndarray, a: np.ndarray, p: dict[str, Any], bound: np.
         lines = []
         for i in np.flatnonzero(differ)[:2000]:
             c = compare(ef[i:i + 1], af[i:i + 1], exact=p["exact"], signed_zero=p["signed_zero"],
-                        tol=Tolerance(**p["tolerance"]), bound=None if bf is None else bf[i:i + 1],
+                        tol=Tolerance(**p["tolerance"]),
+                        bound=None if bf is None else bf.map(lambda v, i=i: v[i:i + 1]),
                         skip=None if sf is None else sf[i:i + 1])
             if not c.ok:
                 idx = tuple(int(v) for v in np.unravel_index(i, e.shape)) if e.shape else ()
@@ -129,7 +141,7 @@ def main(here: Path, kernel: Callable[..., Any], kernel_attrs: dict[str, Any],
     ins, outs = case["inputs"], case["outputs"]
     inputs = load_arrays(here / "inputs.npz", "in", [x["dtype"] for x in ins])
     expected = load_arrays(here / "expected.npz", "out", [x["dtype"] for x in outs])
-    aux = {k: load_optional(here / "expected.npz", k, len(outs)) for k in ("bound", "skip")}
+    aux = {k: load_optional(here / "expected.npz", k, len(outs)) for k in ("bound", "skip", "free", "allow")}
     run = case["run"]
     print(f"case     {case['id']}")
     print(f"recorded {case['outcome']}: {case['message'].splitlines()[0] if case['message'] else ''}")
@@ -163,7 +175,7 @@ def main(here: Path, kernel: Callable[..., Any], kernel_attrs: dict[str, Any],
                                                    f"max rel {c.max_rel_err:.3g}, max ulp {c.max_ulp:g}"))
         if not c.ok and check is None and k < len(expected):
             lines = beyond_tolerance(expected[k], actual[k], case["judge"]["outputs"][k],
-                                     aux["bound"][k], aux["skip"][k])
+                                     bound_of(aux, k), aux["skip"][k])
             if lines:
                 print("  first elements beyond tolerance:")
                 print("\n".join(lines))

@@ -14,7 +14,7 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, Target, generate
 from rlx_conformance.judge import divergences as kd
-from rlx_conformance.judge.divergences import Divergence, Part
+from rlx_conformance.judge.divergences import Unit
 
 
 def _every_variant(cases: Iterable[Case]) -> Iterable[Case]:
@@ -26,19 +26,21 @@ def _every_variant(cases: Iterable[Case]) -> Iterable[Case]:
             yield c if v == c.target.variant else replace(c, target=replace(c.target, variant=v))
 
 
-def fully_covered(parts: list[tuple[Divergence, Part]], results: Sequence[CaseResult]
-                  ) -> list[tuple[Divergence, Part]]:
-    """The (entry, part) pairs among ``parts`` whose every case on the run's targets is in
-    ``results``: only a run that holds the whole scope can say a divergence is gone."""
+def fully_covered(units: list[Unit], results: Sequence[CaseResult]) -> list[Unit]:
+    """The units (entry, part, op, device, mode) among ``units`` whose every case on the run's
+    targets of that device and mode is in ``results``: only a run that holds the whole scope can
+    say a divergence is gone."""
     ids = {r.id for r in results}
     targets = {Target.parse(i.rsplit("/", 1)[1]) for i in ids}
     # backend variants (tf32:on/off) are not targets of their own: generate on the base targets,
     # expand every variant, keep those the run had
     base = sorted({Target(t.backend, t.device, t.mode) for t in targets}, key=str)
     out = []
-    for d, p in parts:
-        scope = [c.id for c in _every_variant(generate(base, ops=list(d.part_ops(p))))
+    for u in units:
+        d, p, op, device, mode = u
+        here = [t for t in base if (t.device, t.mode) == (device, mode)]
+        scope = [c.id for c in _every_variant(generate(here, ops=[op]))
                  if c.target in targets and kd.known_divergence(c) is d and d.part(c.op, c.dtype, c.id) == p]
         if all(c in ids for c in scope):
-            out.append((d, p))
+            out.append(u)
     return out

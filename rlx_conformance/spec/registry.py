@@ -108,9 +108,10 @@ class Policy:
     ``exact``: bit-exact (NaN positions must match). Otherwise floats pass within the case's
     tolerance (cases/tolerances.toml: per-dtype defaults, per-op overrides with reasons), or within
     ``bound``: a per-element absolute error bound from numerical analysis, computed from the inputs
-    (for example gamma_n * sum|x| for a sum), with ``bound_reason`` saying why.
-    ``unasserted``: positions where the bound itself says any finite answer is legitimate (e.g.
-    intermediate overflow that depends on accumulation order) — compared for "no crash" only.
+    (for example gamma_n * sum|x| for a sum), with ``bound_reason`` saying why. A bound returns an
+    array or a ``judge.compare.Bound``, which also marks the positions whose outcome the spec
+    leaves to the order of evaluation (e.g. intermediate overflow of a sum whose exact value is
+    finite) and the outcomes legal there; NaN and infinities are asserted exactly everywhere else.
     """
 
     exact: bool = False

@@ -4,7 +4,12 @@ Only the PCG64 bit stream (``random_raw``) is used, and every transformation of 
 here, so no numpy distribution algorithm (which numpy may change between versions) is involved.
 Value classes: ``random`` (uniform over the domain's typical range), ``special`` (half the
 elements drawn from the generic special values of the dtype plus the domain's boundaries and
-their ulp neighbours), ``spread`` (large magnitude, small spread: accumulation order shows).
+their ulp neighbours), ``spread`` (large magnitude, small spread: accumulation order shows), and
+the accumulation classes (:data:`ACCUMULATION_CLASSES`), built so that the accuracy of a long
+sum shows: ``constant``, ``offset`` (1000 plus a small noise), ``alternating`` (signs alternate,
+the sum cancels), ``increasing`` (magnitudes grow along each row), ``tiny_tail`` (1, then terms
+just below half an ulp of 1: a sequential accumulator in the input's precision loses every one).
+Which classes a case gets depends on its size and dtype: :func:`classes_for`.
 """
 from __future__ import annotations
 
@@ -19,6 +24,35 @@ from rlx_conformance.core import data
 from rlx_conformance.core import dtypes as dt
 
 VALUE_CLASSES = ("random", "special", "spread")
+# Classes where accumulation error shows; only accumulating ops declare them (ops/*.py values=).
+ACCUMULATION_CLASSES = ("constant", "offset", "alternating", "increasing", "tiny_tail")
+# Sizes (elements of a case's largest input): the accumulation classes from ACCUMULATION_MIN on
+# (a sequential float32 sum drifts past the accuracy budget's c ceil(log2 n) u sum|x| beyond
+# ~10^5 terms: below it they would add cases that show nothing the random class does not);
+# from HUGE on only random and the accumulation classes, on float dtypes, and only for ops that
+# declare an accumulation class (integer sums are exact at any size; at 10^6 elements the special
+# class leaves a NaN in every slice and spread is offset's; other ops gain nothing there).
+ACCUMULATION_MIN = 2**17
+HUGE = 10**6
+
+
+def classes_for(declared: Sequence[str], dtype: str, shapes: Sequence[Sequence[int]],
+                inputs: bool = True) -> tuple[str, ...]:
+    """The value classes a case of this dtype and these input shapes is generated with, out of
+    the op's ``declared`` ones (the rule: :data:`ACCUMULATION_MIN`, :data:`HUGE`). ``inputs``:
+    whether the shape family lists the inputs' shapes (an op with a ``generate`` hook may read it
+    otherwise, e.g. a CSR family's [rows, columns]); if not, and the op declares no accumulation
+    class, its classes are the declared ones at any size."""
+    if not inputs and not any(v in ACCUMULATION_CLASSES for v in declared):
+        return tuple(declared)
+    size = max((math.prod(s) for s in shapes), default=0)
+    if size < ACCUMULATION_MIN:
+        return tuple(v for v in declared if v not in ACCUMULATION_CLASSES)
+    if size < HUGE:
+        return tuple(v for v in declared if v not in ACCUMULATION_CLASSES or dt.is_float(dtype))
+    if not dt.is_float(dtype) or not any(v in ACCUMULATION_CLASSES for v in declared):
+        return ()
+    return tuple(v for v in declared if v == "random" or v in ACCUMULATION_CLASSES)
 
 
 def seed_of(key: str) -> int:
@@ -178,6 +212,10 @@ def make_array(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str, 
         out = stream.coin(n)
     elif vals == "spread":
         out = _spread(stream, n, dtype)
+    elif vals in ACCUMULATION_CLASSES and dt.is_float(dtype) and not spec.get("integers_only"):
+        out = _accumulation(stream, shape, dtype, vals, spec.get("accumulate", "sum"))
+    elif vals in ACCUMULATION_CLASSES:  # a structural input (mask, ties, integers): drawn as random
+        return make_array(stream, shape, dtype, domain, "random", attrs)
     elif dt.is_int(dtype):
         dlo, dhi = dt.iinfo(dtype)
         lo, hi = max(int(lo), dlo), min(int(hi), dhi)
@@ -211,3 +249,39 @@ def _spread(stream: Stream, n: int, dtype: str) -> np.ndarray:
     fi = dt.finfo(dtype)
     c = 2.0 ** min(fi.mant_bits - 2, 20)
     return (c * (1 + 2.0**-10 * stream.uniform(n, -1, 1))).astype(npd)
+
+
+def _accumulation(stream: Stream, shape: tuple[int, ...], dtype: str, vals: str, kind: str) -> np.ndarray:
+    """An accumulation class (module docstring), laid out along the last axis (each row of a
+    reduction or a scan along it, each dot product of a matmul's lhs, sees the pattern from its
+    start). ``kind`` "product" (the domain's ``accumulate``: factors of products) maps the
+    additive pattern v to factors 2^(8 v / sum|v|), so that every partial product stays within
+    2^(+-8). Additive patterns are scaled by a power of two where their sum of magnitudes would
+    pass the square root of the dtype's largest value (float16: 256), so sums, and sums of
+    products of two such inputs, stay finite."""
+    n = math.prod(shape)
+    fi = dt.finfo(dtype)
+    npd = dt.np_dtype(dtype)
+    row = shape[-1] if shape else 1
+    pos = np.arange(n) % max(row, 1)  # index along the last axis
+    noise = stream.uniform(n, 0.0, 1.0)
+    if vals == "constant":
+        v = np.full(n, 0.1)
+    elif vals == "offset":
+        v = 1000.0 + (noise - 0.5) / 8
+    elif vals == "alternating":
+        v = np.where(pos % 2 == 0, 1.0, -1.0) * (1.0 + noise * 2.0**-8)
+    elif vals == "increasing":  # 2^-12 .. 2^4 along the row, mantissas random
+        v = np.exp2(-12.0 + 16.0 * pos / max(row - 1, 1)) * (1.0 + noise)
+    elif vals == "tiny_tail":  # just below half an ulp of 1 in the input's precision
+        tiny = 2.0 ** -(fi.mant_bits + 1) * (1.0 - 2.0 ** -(fi.mant_bits - 1) * np.floor(noise * 4))
+        v = np.where(pos == 0, 1.0, tiny)
+    else:
+        raise ValueError(f"not an accumulation class: {vals!r}")
+    total = float(np.sum(np.abs(v)))
+    if kind == "product":
+        out = np.exp2(8.0 * v / (total or 1.0))
+    else:
+        limit = math.sqrt(fi.max) / max(total, 1.0)
+        out = v * (2.0 ** math.floor(math.log2(limit)) if limit < 1 else 1.0)
+    return out.astype(npd)

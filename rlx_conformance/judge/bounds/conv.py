@@ -8,8 +8,11 @@ Stability of Numerical Algorithms*, 2nd ed., sec. 3.5); non-finite terms propaga
 prod(kernel) terms and one division.
 
 The attribute normalisation (:func:`spatial`, :func:`conv_params`, :func:`pool_params`) and the
-im2col formulation live here, below the declarations and both backends, because the bounds
-evaluate the same windows the reference does.
+im2col formulation live here, below the declarations and the CPU reference, because the bounds
+evaluate the same windows the reference does. The MLX kernels do not use them: they read the
+attributes with their own code (backends/mlx/conv.py), and the reference itself is checked
+against onnx.reference over the whole matrix (tests/test_independent_oracles.py), so a mistake
+here cannot agree with itself.
 """
 from __future__ import annotations
 
@@ -23,11 +26,18 @@ from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds import linalg as lj
 from rlx_conformance.judge.bounds.gamma import gamma
-from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, Comparison, compare
+from rlx_conformance.judge.bounds.summation import sum_judgement, sum_terms
+from rlx_conformance.judge.compare import (
+    BIT_EXACT_TOLERANCE,
+    Bound,
+    Comparison,
+    compare,
+    free_where,
+)
 from rlx_conformance.judge.tolerances import tolerance_for
 
 
-# -- attribute normalisation (shared by the registry, both backends and the bounds) -------------
+# -- attribute normalisation (shared by the registry, the CPU reference and the bounds) ----------
 def spatial(name: str, what: str, v: tuple[int, ...], nd: int, default: int, allow_pairs: bool = False):
     """An int tuple attribute as one value per dim, or (begins, ends) for pads."""
     if not v:
@@ -163,49 +173,39 @@ def conv_transpose_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, att
 
 
 # -- bounds -------------------------------------------------------------------------------------
-def _with_bias(bound: np.ndarray, bias: np.ndarray, out_dtype: str, nd: int) -> np.ndarray:
-    """Adding the bias: one more term (gamma_(K+1) instead of gamma_K is covered by u|b| + u|y|),
-    and a non-finite bias makes its channel exact (bound 0) where the sum was finite."""
-    if not bias.size:
-        return bound
-    b = bias.astype(np.float64).reshape((1, -1) + (1,) * nd)
-    with np.errstate(invalid="ignore"):
-        extra = 2 * lj.uc(out_dtype) * np.abs(b)
-    return np.where(np.isfinite(b), bound + extra, np.where(np.isnan(bound), np.nan, 0.0))
-
-
-def conv_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
-    """The dot-product bound per output. Where a padding tap meets a non-finite weight the spec
-    is ambiguous (zero-filled padding gives 0 * inf = NaN, skipping the tap gives a number), so
-    those outputs are unasserted."""
+def conv_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> Bound:
+    """The dot-product bound per output, the bias one more term (judge/bounds/linalg.py
+    bilinear_bound: NaN and infinities exact where every order agrees). Where a padding tap meets
+    a non-finite weight the spec is ambiguous (zero-filled padding gives 0 * inf = NaN, skipping
+    the tap gives a number), so those outputs are order-dependent with any outcome."""
     x, w, bias = inputs
-    nd = x.ndim - 2
     cols, wm, shape = conv_as_matmul(x, w, attrs)
+    extra = bias.astype(np.float64).reshape(1, attrs["groups"], 1, -1) if bias.size else None
     b = lj.bilinear_bound(np.matmul, cols, wm, wm.shape[1] + 1, out_dtype,
-                          lj.reference_roundoff(out_dtype))
+                          lj.reference_roundoff(out_dtype), extra=extra)
     pad_cols, _, _ = conv_as_matmul(np.ones((1,) + x.shape[1:]), w, attrs)
     with np.errstate(invalid="ignore"):
         ambiguous = np.matmul(1 - pad_cols, (~np.isfinite(wm.astype(np.float64))).astype(np.float64)) > 0
-    b = np.where(ambiguous, np.nan, b)
-    b = b.transpose(0, 1, 3, 2).reshape(shape)
-    return _with_bias(b, bias, out_dtype, nd)
+    b = free_where(b, ambiguous)
+    return b.map(lambda v: v.transpose(0, 1, 3, 2).reshape(shape))
 
 
 def conv_transpose_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any],
-                         out_dtype: str) -> np.ndarray:
+                         out_dtype: str) -> Bound:
     x, w, bias = inputs
     k = (x.shape[1] // attrs["groups"]) * math.prod(w.shape[2:]) + 1
     no_bias = np.zeros(0)
-    b = lj.bilinear_bound(lambda a, c: conv_transpose_reference(a, c, no_bias, attrs), x, w, k,
-                          out_dtype, lj.reference_roundoff(out_dtype))
-    return _with_bias(b, bias, out_dtype, 2)
+    extra = bias.astype(np.float64).reshape(1, -1, 1, 1) if bias.size else None
+    return lj.bilinear_bound(lambda a, c: conv_transpose_reference(a, c, no_bias, attrs), x, w, k,
+                             out_dtype, lj.reference_roundoff(out_dtype), extra=extra)
 
 
 def pool_check(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], expected: Sequence[np.ndarray],
                actual: Sequence[np.ndarray]) -> list[Comparison]:
     """Max pooling picks an element: exact (NaN positions included). Average pooling: a sum of at
-    most prod(kernel) terms, then one division: gamma_(n+1) * mean|x| per output, unasserted
-    where the window's sum can overflow, exact NaN propagation."""
+    most prod(kernel) terms, then one division: gamma_(n+1) * mean|x| per output; NaN and
+    infinities, and window sums that may overflow in some order, follow
+    judge/bounds/summation.sum_judgement."""
     (x,) = inputs
     (e,), (a,) = expected, actual
     out_dt = dt.name_of(e.dtype)
@@ -213,16 +213,11 @@ def pool_check(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], expected:
         return [compare(e, a, exact=True, signed_zero=False, tol=BIT_EXACT_TOLERANCE, name="output 0")]
     nd, k, stride, pb, pe, out = pool_params("pool", x.shape, attrs)
     n = math.prod(k)
-    fin = np.isfinite(x.astype(np.float64))
-    xa = np.where(fin, np.abs(x.astype(np.float64)), 0.0)
     axes = tuple(range(-nd, 0))
     one = (1,) * nd
-    s = im2col(xa, k, stride, pb, pe, one).sum(axis=axes)
+    t = sum_terms(x, lambda v: im2col(v, k, stride, pb, pe, one).sum(axis=axes))
     count = im2col(np.ones((1, 1) + x.shape[2:]), k, stride, pb, pe, one).sum(axis=axes)
-    nonfin = im2col((~fin).astype(np.float64), k, stride, pb, pe, one).sum(axis=axes)
     u = lj.uc(out_dt) + lj.reference_roundoff(out_dt)
-    bound = gamma(n + 1, u) * s / count
-    bound = np.where(nonfin > 0, 0.0, bound)
-    bound = np.where(s > dt.finfo(dt.compute_dtype(out_dt)).max, np.nan, bound)
+    bound = sum_judgement(t, gamma(n + 1, u) * t.abs_sum / count, out_dt, n)
     return [compare(e, a, exact=False, signed_zero=False, tol=tolerance_for("pool", out_dt),
                     bound=bound, name="output 0")]

@@ -24,7 +24,22 @@ import scipy.linalg
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds.gamma import gamma
-from rlx_conformance.judge.compare import Comparison, ulp_distance
+from rlx_conformance.judge.bounds.summation import (
+    bilinear_terms,
+    sum_judgement,
+    sum_terms,
+)
+from rlx_conformance.judge.compare import (
+    ANY_FINITE,
+    FINITE,
+    NEG_INF,
+    POS_INF,
+    Bound,
+    Comparison,
+    free_where,
+    nonfinite_mismatch,
+    ulp_distance,
+)
 from rlx_conformance.spec import infer
 
 U64 = 2.0**-53
@@ -86,39 +101,24 @@ def mats(x: np.ndarray) -> np.ndarray:
 
 
 # -- dot products: mat_mul, dot_general, conv --------------------------------------------------
-def dot_bound(abs_sum: np.ndarray, nonfinite_terms: np.ndarray, k: int, out_dtype: str,
-              u_ref: float) -> np.ndarray:
-    """Per output of a sum of k products: |error| <= gamma_k(uc) * sum|a||b| over the finite terms
-    (Higham 3.5, any order), plus the reference's own gamma_k(u_ref) share.
+def bilinear_bound(f, a: np.ndarray, b: np.ndarray, k: int, out_dtype: str, u_ref: float,
+                   extra: np.ndarray | None = None) -> Bound:
+    """Per output of any bilinear op f(a, b) that sums k products (matmul, convolution):
+    |error| <= gamma_k(uc) * sum|a||b| over the finite terms (Higham 3.5, any order), plus the
+    reference's own gamma_k(u_ref) share; ``extra`` (in f's output layout): terms added to each
+    sum (a convolution's bias), one more rounding each, 2 uc |extra|.
 
-    Positions whose finite terms could overflow the compute dtype are unasserted (NaN): whether an
-    intermediate sum overflows depends on the order. Positions with a non-finite term (and no
-    possible overflow) must match exactly (bound 0): NaN and signed infinities propagate the
-    same way in every order."""
-    cdt = dt.compute_dtype(out_dtype)
-    big = dt.finfo(cdt).max
-    b = (gamma(k, uc(out_dtype)) + gamma(k, u_ref)) * abs_sum
-    b = np.where(nonfinite_terms > 0, 0.0, b)
-    return np.where(abs_sum > big, np.nan, b)
-
-
-def split_finite(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(|x| with non-finite entries zeroed, indicator of non-finite entries), float64."""
-    x64 = x.astype(np.float64)
-    nf = ~np.isfinite(x64)
-    return np.where(nf, 0.0, np.abs(x64)), nf.astype(np.float64)
-
-
-def bilinear_bound(f, a: np.ndarray, b: np.ndarray, k: int, out_dtype: str, u_ref: float) -> np.ndarray:
-    """dot_bound for any bilinear op f(a, b) that sums products (matmul, convolution): the finite
-    terms' sum f(|a|, |b|) and the count of non-finite terms f(na, 1) + f(1, nb) - f(na, nb)."""
-    fa, na = split_finite(a)
-    fb, nb = split_finite(b)
-    ones_a, ones_b = np.ones_like(fa), np.ones_like(fb)
-    with np.errstate(over="ignore", invalid="ignore"):
-        s = f(fa, fb)
-        nf = f(na, ones_b) + f(ones_a, nb) - f(na, nb)
-    return dot_bound(s, nf, k, out_dtype, u_ref)
+    The terms are evaluated through f on split operands (summation.bilinear_terms), so the
+    products' NaN (a NaN factor, inf * 0) and signed infinities are known per output: exact
+    where every order gives the same NaN or infinity, order-dependent where the finite terms'
+    partial sums may overflow the compute dtype (summation.sum_judgement)."""
+    t = bilinear_terms(f, a, b)
+    bound = (gamma(k, uc(out_dtype)) + gamma(k, u_ref)) * t.abs_sum
+    if extra is not None:
+        te = sum_terms(np.broadcast_to(extra, t.pos.shape), lambda v: v)
+        bound = bound + 2 * uc(out_dtype) * te.abs_sum
+        t = t.plus(te)
+    return sum_judgement(t, bound, out_dtype, k)
 
 
 # -- mat_mul and dot_general (the dims are shared with the declarations and both backends) ---
@@ -147,16 +147,16 @@ def reference_roundoff(dtype: str) -> float:
     return ULD if dt.compute_dtype(dtype) == "float64" else U64
 
 
-def matmul_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+def matmul_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> Bound:
     a, b = inputs
     k = a.shape[-1]
     a2 = a if a.ndim >= 2 else a[None, :]
     b2 = b if b.ndim >= 2 else b[:, None]
     bound = bilinear_bound(np.matmul, a2, b2, k, out_dtype, reference_roundoff(out_dtype))
     if a.ndim == 1:
-        bound = bound[..., 0, :]
+        bound = bound.map(lambda v: v[..., 0, :])
     if b.ndim == 1:
-        bound = bound[..., 0]
+        bound = bound.map(lambda v: v[..., 0])
     return bound
 
 
@@ -164,17 +164,17 @@ def dot_general_canonical(a: np.ndarray, b: np.ndarray, attrs: Mapping[str, Any]
     """(lhs as [B, M, K], rhs as [B, K, N], output shape): the one layout both the reference and
     the bound compute in."""
     lc, rc, lbt, rbt, lf, rf = dot_general_dims("dot_general", a.shape, b.shape, attrs)
-    size = lambda x, dims: math.prod(x.shape[d] for d in dims)  # noqa: E731
+    size = lambda x, dims: math.prod(x.shape[d] for d in dims)
     A = np.transpose(a, lbt + lf + lc).reshape(size(a, lbt), size(a, lf), size(a, lc))
     B = np.transpose(b, rbt + rc + rf).reshape(size(b, rbt), size(b, rc), size(b, rf))
     out = tuple(a.shape[d] for d in lbt) + tuple(a.shape[d] for d in lf) + tuple(b.shape[d] for d in rf)
     return A, B, out
 
 
-def dot_general_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+def dot_general_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> Bound:
     A, B, out = dot_general_canonical(*inputs, attrs)
     bound = bilinear_bound(np.matmul, A, B, A.shape[-1], out_dtype, reference_roundoff(out_dtype))
-    return bound.reshape(out)
+    return bound.map(lambda v: v.reshape(out))
 
 
 # -- solvers -------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def _lu_growth(a: np.ndarray) -> float:
     """|| |L||U| ||_inf / ||A||_inf of partial-pivoting LU (the factor in Higham Thm 9.4)."""
     if a.shape[-1] == 0 or not np.abs(a).max() > 0:
         return 1.0
-    p, l, u = scipy.linalg.lu(a)
+    _, l, u = scipy.linalg.lu(a)
     return float((np.abs(l) @ np.abs(u)).sum(-1).max() / np.abs(a).sum(-1).max())
 
 
@@ -241,10 +241,11 @@ def solve_check(inputs: Sequence[np.ndarray], attrs, expected, actual) -> list[C
         return [Comparison(True, checked=0)]
     A, B = mats(a_in.astype(np.float64)), mats(_columns(b_in, a_in.ndim))
     X, E = mats(_columns(x, a_in.ndim)), mats(_columns(e, a_in.ndim))
-    if not np.isfinite(E).all():  # only from overflow of a narrow output dtype
-        nf = ~np.isfinite(E)
-        if not (np.array_equal(nf, ~np.isfinite(X)) and np.array_equal(E[nf], X[nf])):
-            return [Comparison(False, message="x: non-finite pattern differs from the reference")]
+    # A column the reference solves finitely must be finite (and NaN/inf where the reference's
+    # narrow output dtype overflowed): the errors below are measured over finite columns only.
+    bad = nonfinite_mismatch(e, x, "x")
+    if bad:
+        return [bad]
     back, fwd = (-1.0, 0.0, 0.0), (-1.0, 0.0, math.nan)
     for i in range(A.shape[0]):
         a, xb, bb, eb = A[i], X[i], B[i], E[i]
@@ -292,9 +293,9 @@ def triangular_check(inputs, attrs, expected, actual) -> list[Comparison]:
         return [Comparison(True, checked=0)]
     A = mats(a_in.astype(np.float64))
     X, B, E = (mats(_columns(v, a_in.ndim)) for v in (x, b_in, e))
-    fail = finite_or_fail("x", x)
-    if fail and np.isfinite(e.astype(np.float64)).all():
-        return [fail]
+    bad = nonfinite_mismatch(e, x, "x")  # the residuals below see finite columns only
+    if bad:
+        return [bad]
     back, fwd = (-1.0, 0.0, 0.0), (-1.0, 0.0, math.nan)
     c_b = 2 * gamma(2 * n, uc(dtype)) + 1.01 * uo(dtype)
     for i in range(A.shape[0]):
@@ -340,7 +341,7 @@ def cholesky_check(inputs, attrs, expected, actual) -> list[Comparison]:
     n = a_in.shape[-1]
     if l_out.size == 0:
         return [Comparison(True, checked=0)]
-    fail = finite_or_fail("L", l_out)
+    fail = nonfinite_mismatch(e, l_out, "L") or finite_or_fail("L", l_out)
     if fail:
         return [fail]
     L, E, A = mats(l_out.astype(np.float64)), mats(e.astype(np.float64)), mats(a_in.astype(np.float64))
@@ -421,7 +422,7 @@ def _factor_part(inputs, attrs, expected, actual):
     elif out.size == 0 or min(m, n) == 0:
         early = [Comparison(True, checked=0)]
     else:
-        fail = finite_or_fail(part, out)
+        fail = nonfinite_mismatch(e, out, part) or finite_or_fail(part, out)
         if fail:
             early = [fail]
     return early, part, e, out, dt.name_of(a_in.dtype), m, n, mats(a_in.astype(np.float64))
@@ -593,44 +594,57 @@ def _det_terms(a_in: np.ndarray, dtype: str):
     return A, n, eps
 
 
-def det_bound(inputs, attrs, out_dtype: str) -> np.ndarray:
+def det_bound(inputs, attrs, out_dtype: str) -> Bound:
     """|det_computed - det| <= eps * sum_ij |dA_ij| |adj(A)_ji| with |dA| <= eps P|L||U|, eps =
     2 gamma_3n (LU backward error, Higham Thm 9.3; first-order expansion of det), plus gamma_n |det|
     for the product of the pivots. The adjugate form stays finite for singular matrices. Results
-    whose bound straddles the dtype's overflow threshold are unasserted; an absolute floor of a few
+    whose bound straddles the dtype's overflow threshold are order-dependent (a finite value within
+    the bound, or the infinity of the determinant's sign); an absolute floor of a few
     subnormals allows gradual underflow."""
     (a_in,) = inputs
     A, n, eps = _det_terms(a_in, out_dtype)
     fi = dt.finfo(out_dtype)
     out = np.zeros(A.shape[0])
+    free = np.zeros(A.shape[0], bool)
+    allow = np.zeros(A.shape[0], np.uint8)
     if n == 0:
-        return out.reshape(a_in.shape[:-2])
+        return Bound(out.reshape(a_in.shape[:-2]))
     for i, a in enumerate(A):
         log_terms, logdet, _ = _log_adj_terms(a)
         lb = np.logaddexp(math.log(eps) + log_terms, math.log(gamma(n, uc(out_dtype))) + logdet)
         b = math.exp(lb) if lb < 709 else math.inf
         det_abs = math.exp(logdet) if logdet < 709 else math.inf
         if det_abs + b > fi.max and det_abs - b < fi.max * (1 + fi.eps):
-            b = math.nan  # may round either way at the overflow threshold
+            # may round either way at the overflow threshold: a finite value within the bound,
+            # or the infinity of the determinant's sign (the product of the pivots overflowed)
+            free[i] = True
+            sign = np.linalg.slogdet(a)[0]
+            allow[i] = FINITE | (NEG_INF if sign < 0 else POS_INF)
         out[i] = b + 4 * n * dt.finfo(dt.compute_dtype(out_dtype)).smallest_subnormal
-    return out.reshape(a_in.shape[:-2])
+    shape = a_in.shape[:-2]
+    return Bound(out.reshape(shape), free.reshape(shape), allow.reshape(shape))
 
 
-def log_det_bound(inputs, attrs, out_dtype: str) -> np.ndarray:
+def log_det_bound(inputs, attrs, out_dtype: str) -> Bound:
     """log|det|: the relative det bound above (adjugate terms / |det|), plus (gamma_n + 2uc) sum_i
-    |log|u_ii|| for evaluating and summing the logs of the pivots. Unasserted once the relative det
+    |log|u_ii|| for evaluating and summing the logs of the pivots. Order-dependent once the relative det
     bound exceeds 1/2 (numerically singular: any very negative value or -inf is right)."""
     (a_in,) = inputs
     A, n, eps = _det_terms(a_in, out_dtype)
     out = np.zeros(A.shape[0])
     if n == 0:
-        return out.reshape(a_in.shape[:-2])
+        return Bound(out.reshape(a_in.shape[:-2]))
     u = uc(out_dtype)
+    singular = np.zeros(A.shape[0], bool)
     for i, a in enumerate(A):
         log_terms, logdet, sum_logs = _log_adj_terms(a)
         if not np.isfinite(logdet):
-            out[i] = math.nan
+            singular[i] = True
             continue
         rel = math.exp(min(math.log(eps) + log_terms - logdet, 700.0))
-        out[i] = math.nan if rel > 0.5 else 2 * rel + (gamma(n, u) + 2 * u) * sum_logs + 2 * u
-    return out.reshape(a_in.shape[:-2])
+        singular[i] = rel > 0.5
+        out[i] = 0.0 if singular[i] else 2 * rel + (gamma(n, u) + 2 * u) * sum_logs + 2 * u
+    # numerically singular: the pivots' rounding decides between -inf (an exactly zero pivot) and
+    # a finite, very negative value; nothing else (no NaN, no +inf) is legal
+    shape = a_in.shape[:-2]
+    return free_where(out.reshape(shape), singular.reshape(shape), NEG_INF | ANY_FINITE)

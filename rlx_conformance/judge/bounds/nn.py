@@ -5,9 +5,13 @@ the output dtype is the tolerance's max_ulp. Each bound is doubled to cover seco
 and fused (fma) variants.
 
 Non-finite inputs: a NaN reaching an output propagates the same way in every algorithm, so those
-positions must match exactly (bound 0); infinities can legitimately become NaN or +-inf depending
-on the order of operations, so positions they reach are unasserted (NaN bound). Sums whose
-finite terms can overflow the compute dtype are unasserted too.
+positions must match exactly (bound 0); so do infinities wherever every formulation agrees (a
+normalized slice holding an infinity: mean and variance are inf or NaN, the layer/group norm row
+is NaN and rms norm gives x * 0 = NaN at the infinity, 0 * gamma + beta elsewhere). Where the
+outcome depends on the order or the formulation, the position is order-dependent
+(compare.Bound.free) with the outcomes legal there: sums whose finite terms can overflow the
+compute dtype (any outcome), an infinite gamma times a normalized value whose sign the rounding
+decides (+-inf or NaN), batch norm's two textbook forms where they differ.
 
 The attention geometry (:func:`attention_dims`, :func:`allowed_keys`) and :func:`rope_pairs` are
 here, below the declarations (ops/nn.py) and both backends that use them: the bounds need the
@@ -23,6 +27,7 @@ from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds.gamma import gamma
 from rlx_conformance.judge.bounds.linalg import U64
+from rlx_conformance.judge.compare import ANYTHING, FINITE, NAN, NEG_INF, POS_INF, Bound
 from rlx_conformance.spec import infer
 
 SAFETY = 2.0
@@ -36,10 +41,16 @@ def _big(out_dtype: str) -> float:
     return dt.finfo(dt.compute_dtype(out_dtype)).max
 
 
-def _finish(bound: np.ndarray, nan_at: np.ndarray, unasserted: np.ndarray) -> np.ndarray:
-    """Exact match (0) where a NaN propagates, NaN (unasserted) where the analysis does not hold."""
-    bound = np.where(nan_at, 0.0, bound)
-    return np.where(unasserted & ~nan_at, np.nan, bound)
+def _finish(bound: np.ndarray, exact_at: np.ndarray, free: np.ndarray,
+            allow: int | np.ndarray = ANYTHING, vacuous: np.ndarray | None = None) -> Bound:
+    """Exact match (bound 0) where every order gives the same NaN/inf, order-dependent (``free``,
+    ``allow`` legal there) where the order or formulation decides, no finite bound (inf:
+    counted as unbounded) where the first-order analysis does not hold (``vacuous``)."""
+    free = free & ~exact_at
+    bound = np.where(exact_at, 0.0, bound)
+    if vacuous is not None:
+        bound = np.where(vacuous & ~exact_at & ~free, np.inf, bound)
+    return Bound(bound, free, np.where(free, allow, 0).astype(np.uint8))
 
 
 def _normalize_bound(x, g, b, axes, n, eps, out_dtype, rms: bool):
@@ -49,7 +60,8 @@ def _normalize_bound(x, g, b, axes, n, eps, out_dtype, rms: bool):
     e_mu + u(|d_i| + e_mu); |v^ - v| <= e_v = gamma_(n+2) v + 2 mean(|d| e_d) + mean(e_d^2);
     r = 1/sqrt(v + eps) has relative error rho = e_v / (2 (v + eps)) + 3u; then
     |z^ - z| <= e_d r + |z| (rho + 2u). rms norm: e_ms = gamma_(n+1) mean(x^2), z = x r.
-    Rows where rho exceeds 1/4 (the first-order analysis fails) are unasserted."""
+    Rows where rho exceeds 1/4 (the first-order analysis fails) have no finite bound (their
+    NaN/inf pattern is still asserted)."""
     u = _u(out_dtype) + U64
     x64, g64, b64 = (np.asarray(v, np.float64) for v in (x, g, b))
     fin = np.isfinite(x64)
@@ -80,13 +92,28 @@ def _normalize_bound(x, g, b, axes, n, eps, out_dtype, rms: bool):
             e_z = e_d * r + np.abs(z) * (rho + 2 * u)
             over = (np.sum(np.abs(x0), axis=axes, keepdims=True) > _big(out_dtype)) | \
                 (np.sum(d * d, axis=axes, keepdims=True) > _big(out_dtype))
-        y = z * g64 + b64
-        bound = SAFETY * (np.abs(g64) * e_z + 2 * u * (np.abs(z * g64) + np.abs(b64)))
-        bad_rows = over | (rho > 0.25) | ~np.isfinite(v + eps) | ((v + eps) == 0)
-        unasserted = np.broadcast_to(bad_rows | row_inf, x64.shape) | np.isinf(g64) | np.isinf(b64) | \
-            (np.abs(y) + bound > _big(out_dtype))
-    nan_at = np.broadcast_to(row_nan, x64.shape) | np.isnan(g64) | np.isnan(b64)
-    return _finish(bound, nan_at, unasserted)
+        gf = np.where(np.isfinite(g64), g64, 0.0)
+        bf = np.where(np.isfinite(b64), b64, 0.0)
+        y = z * gf + bf
+        bound = SAFETY * (np.abs(gf) * e_z + 2 * u * (np.abs(z * gf) + np.abs(bf)))
+        # the row's mean/variance may overflow, or its variance round to 0 with eps = 0: any outcome
+        bad_rows = over | ~np.isfinite(v + eps) | ((v + eps) == 0)
+        overflow = np.broadcast_to(bad_rows, x64.shape) | (np.abs(y) + bound > _big(out_dtype))
+        # an infinite gamma times z: +-inf with z's sign, NaN if z = 0; the rounding decides when
+        # |z| is within its error
+        sign_free = np.isinf(g64) & (np.abs(z) <= e_z)
+    row_nan = np.broadcast_to(row_nan, x64.shape)
+    row_inf = np.broadcast_to(row_inf, x64.shape) & ~row_nan
+    nan_at = row_nan | np.isnan(g64) | np.isnan(b64)
+    # a row holding an infinity: NaN throughout (layer/group norm) or x * 0 and 0 * gamma + beta
+    # (rms norm) in every formulation; an infinite beta adds its infinity to a finite value
+    exact_at = nan_at | row_inf
+    free = (overflow | sign_free) & ~exact_at
+    allow = np.where(sign_free & ~overflow, POS_INF | NEG_INF | NAN, ANYTHING)
+    vacuous = np.broadcast_to(rho > 0.25, x64.shape)
+    out = _finish(bound, exact_at, free, allow, vacuous)
+    nonfinite_param = np.isinf(g64) | np.isinf(b64)  # their outcome is the reference's infinity/NaN
+    return Bound(np.where(nonfinite_param & ~free, 0.0, out.abs), out.free, out.allow)
 
 
 def layer_norm_bound(inputs, attrs, out_dtype):
@@ -118,28 +145,43 @@ def group_norm_bound(inputs, attrs, out_dtype):
     gb = np.broadcast_to(g.reshape(per), x.shape).reshape(xg.shape)
     bb = np.broadcast_to(b.reshape(per), x.shape).reshape(xg.shape)
     out = _normalize_bound(xg, gb, bb, (2,), xg.shape[2], attrs["eps"], out_dtype, rms=False)
-    return out.reshape(x.shape)
+    return out.map(lambda v: v.reshape(x.shape))
 
 
 def batch_norm_bound(inputs, attrs, out_dtype):
     """y = (x - m) r gamma + beta, r = 1/sqrt(var + eps); also computed as x s + (beta - m s) with
     s = gamma r (the folded inference form), whose cancellation costs u (|x| + |m|) |s|. Allowed:
-    4u (|x| + |m|) |gamma| r + 3u (|y| + |beta|), doubled. Unasserted where an intermediate of
-    either form can overflow the compute dtype (the float64 reference does not)."""
-    x, g, b, m, var = (np.asarray(v, np.float64) for v in inputs)
+    4u (|x| + |m|) |gamma| r + 3u (|y| + |beta|), doubled. Order-dependent (any outcome) where an
+    intermediate of either form can overflow the compute dtype (the reference, in float64 or long
+    double, does not; with an infinite beta: beta's infinity or NaN)
+    or var + eps = 0 (r = inf: (x - m) inf against x inf - m inf); with an infinite gamma the two
+    forms differ too ((x - m) r inf is +-inf, x s + (beta - m s) is inf - inf = NaN):
+    +-inf or NaN. Every other non-finite input gives the same NaN or infinity in both forms
+    (var = inf: r = 0; an infinite x, m or beta with finite nonzero s: that infinity's sign
+    through s; s = 0: inf * 0 = NaN): exact."""
+    x, g, b, m, var = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in inputs))
     u = _u(out_dtype) + U64
     eps = attrs["eps"]
     with np.errstate(all="ignore"):
         r = 1 / np.sqrt(var + eps)
         y = (x - m) * r * g + b
         bound = SAFETY * (4 * u * (np.abs(x) + np.abs(m)) * np.abs(g) * r + 3 * u * (np.abs(y) + np.abs(b)))
-    arrays = np.broadcast_arrays(x, g, b, m, var)
+    arrays = (x, g, b, m, var)
     nan_at = np.any([np.isnan(a) for a in arrays], axis=0) | (var + eps < 0)
+    finite = np.all([np.isfinite(a) for a in arrays], axis=0)
+    core = finite | (np.isinf(b) & ~nan_at & np.all([np.isfinite(a) for a in (x, g, m, var)], axis=0))
     with np.errstate(all="ignore"):  # an intermediate (x - m, its scaled forms) may overflow
-        inter = (np.abs(x) + np.abs(m)) * np.maximum(1, r) * np.maximum(1, np.abs(g)) + np.abs(b)
-        unasserted = np.any([np.isinf(a) for a in arrays], axis=0) | ~np.isfinite(bound) | \
-            (var + eps == 0) | (np.abs(y) + bound > _big(out_dtype)) | (inter > _big(out_dtype))
-    return _finish(bound, nan_at, unasserted)
+        bf = np.where(np.isfinite(b), b, 0.0)
+        inter = (np.abs(x) + np.abs(m)) * np.maximum(1, r) * np.maximum(1, np.abs(g)) + np.abs(bf)
+        yf = (x - m) * r * g + bf
+        bound_f = SAFETY * (4 * u * (np.abs(x) + np.abs(m)) * np.abs(g) * r + 3 * u * (np.abs(yf) + np.abs(bf)))
+        over = core & ((np.abs(yf) + bound_f > _big(out_dtype)) | (inter > _big(out_dtype)))
+    zero_var = (var + eps == 0) & ~nan_at
+    g_inf = np.isinf(g) & ~nan_at & (var < np.inf)
+    free = over | zero_var | g_inf  # none of them where a NaN propagates
+    # an infinite beta meets a finite part that may overflow to either infinity: beta's inf or NaN
+    allow = np.where((g_inf | (over & ~finite)) & ~zero_var, POS_INF | NEG_INF | NAN, ANYTHING)
+    return _finish(np.where(finite, bound, 0.0), (nan_at | ~finite) & ~free, free, allow)
 
 
 # -- attention geometry (shared with the declarations and both backends) ------------------------
@@ -223,8 +265,18 @@ def attention_bound(inputs, attrs, out_dtype):
         big_e = np.max(np.where(allowed, e, 0.0), axis=-1, keepdims=True)
         rel = np.expm1(2 * big_e) + 2 * (sk + 4) * u + gamma(sk, u)
         bound = SAFETY * rel * (p @ np.abs(vh))  # [b, h, sq, d]
-    bound = np.where(np.isfinite(bound), bound, np.nan)
-    return bound.transpose(0, 2, 1, 3).reshape(b, sq, h * d)
+        # NaN reaching an output: from the query, an attended key (its scores are NaN, so is the
+        # softmax), or an attended value in that column (p * NaN = NaN even where p underflows)
+        ind = lambda m: m.astype(np.float64)
+        att = ind(allowed)
+        row_nan = np.isnan(qh).any(-1)[..., None] | ((att @ ind(np.isnan(kh).any(-1))[..., None]) > 0)
+        nan_at = row_nan | ((att @ ind(np.isnan(vh))) > 0)
+    if kind == "bias":  # a NaN score is masked by the bias rule (s > -inf): no NaN is certain
+        nan_at = np.zeros_like(nan_at)
+    # Other non-finite inputs (infinite scores or values; none in the matrix, whose attention
+    # values are random) or scores that overflow: the online softmax's rescaling order decides.
+    out = _finish(bound, nan_at, ~np.isfinite(bound))
+    return out.map(lambda v: v.transpose(0, 2, 1, 3).reshape(b, sq, h * d))
 
 
 def rope_pairs(x: np.ndarray, head_dim: int, n_rot: int, style: str):
@@ -239,7 +291,8 @@ def rope_bound(inputs, attrs, out_dtype):
     """x1 c - x2 s (and x2 c + x1 s): two products and one sum, |error| <= 3u (|x1 c| + |x2 s|)
     (doubled); pass-through dims are exact. Non-finite inputs propagate deterministically
     (IEEE, no reassociation possible), so they must match exactly, unless a finite product
-    overflows the compute dtype (the float64 reference would not): unasserted there."""
+    overflows the compute dtype (the float64 reference would not): order-dependent there, a
+    finite value within the bound, +-inf, or NaN (both products overflow, inf - inf)."""
     x, c, s = inputs
     hd, nr = attrs["head_dim"], attrs["n_rot"]
     u = _u(out_dtype) + U64
@@ -263,4 +316,7 @@ def rope_bound(inputs, attrs, out_dtype):
     b1, b2, _ = rope_pairs(out, hd, nr, attrs["style"])
     b1[...] = one(x1, c64, x2, s64)
     b2[...] = one(x2, c64, x1, s64)
-    return out.reshape(x.shape)
+    out = out.reshape(x.shape)
+    over = np.isnan(out)
+    return Bound(np.where(over, 0.0, out), over,
+                 np.where(over, POS_INF | NEG_INF | NAN | FINITE, 0).astype(np.uint8))

@@ -9,20 +9,26 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.summation import sum_judgement, sum_terms
+from rlx_conformance.judge.compare import Bound
 
 
-def scatter_add_bound(inputs: list[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+def scatter_add_bound(inputs: list[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> Bound:
     """Each output row sums the m updates aimed at it, in an order the backend chooses (GPU
-    atomics: any order): 2*gamma_(m-1)*sum|u| per element. Where sum|u| overflows the compute
-    dtype the result depends on the order (unasserted, NaN)."""
+    atomics: any order): 2*gamma_(m-1)*sum|u| per element over the finite updates. NaN and
+    infinite updates, and finite ones whose partial sums may overflow the compute dtype in some
+    order, follow summation.sum_judgement (exact where every order agrees, order-dependent
+    outcomes otherwise)."""
     upd, idx = inputs
     m = attrs["out_dim"]
     rows = np.where(idx < 0, idx + m, idx).astype(np.int64)
-    u = np.abs(upd.astype(np.float64))
-    a = np.zeros((m,) + upd.shape[1:])
-    # Infinite or NaN updates give the same non-finite sum in any order (compared as such)
-    np.add.at(a, rows, np.where(np.isfinite(u), u, 0.0))
+
+    def into_rows(v: np.ndarray) -> np.ndarray:
+        out = np.zeros((m,) + upd.shape[1:])
+        np.add.at(out, rows, v)
+        return out
+    t = sum_terms(upd, into_rows)
     cnt = np.bincount(rows, minlength=m).reshape((m,) + (1,) * (upd.ndim - 1))
     cdt = dt.compute_dtype(out_dtype)
-    b = 2 * gamma(np.maximum(cnt - 1, 0), dt.finfo(cdt).unit_roundoff) * a
-    return np.where(a > dt.finfo(cdt).max, np.nan, b)
+    b = 2 * gamma(np.maximum(cnt - 1, 0), dt.finfo(cdt).unit_roundoff) * t.abs_sum
+    return sum_judgement(t, b, out_dtype, cnt)

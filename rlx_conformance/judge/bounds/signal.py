@@ -19,7 +19,7 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.bounds.gamma import gamma
-from rlx_conformance.judge.compare import Comparison
+from rlx_conformance.judge.compare import ANYTHING, Bound, Comparison
 
 
 def _u(dtype: str) -> float:
@@ -41,12 +41,15 @@ def fft_stages(n: int) -> int:
     return 3 * math.ceil(math.log2(2 * n - 1)) + 4
 
 
-def fft_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+def fft_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> Bound:
     """Higham Thm 24.2: a computed FFT satisfies ||y^ - y||_2 <= L eta / (1 - L eta) ||y||_2 with L
     stages and eta = mu + gamma_4 (sqrt2 + mu) ~ 7u (mu: twiddle error ~ u). ||y||_2 =
     s sqrt(n) ||x||_2 (Parseval, s the norm scale), and each element's error is at most the error
     vector's 2-norm; the scaling adds one rounding. Two implementations differ by twice that.
-    Rows with a non-finite input, or whose result may overflow, are unasserted (NaN)."""
+    A NaN anywhere in a row makes every output of the row NaN (each output sums every input
+    times a twiddle, and NaN * 0 is NaN too): exact. Rows with an infinity (inf * a twiddle that
+    one algorithm rounds to 0 and another does not) or whose result may overflow are
+    order-dependent, any outcome."""
     (x,) = inputs
     n = x.shape[-2]
     u = _u(out_dtype)
@@ -59,8 +62,10 @@ def fft_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype:
     rel = le / (1 - le) + u if le < 1 else np.inf
     ynorm = scale * math.sqrt(n) * norm
     big = dt.finfo(dt.compute_dtype(out_dtype)).max
-    bad = ~np.isfinite(norm) | (math.sqrt(n) * norm > big)
-    return np.broadcast_to(np.where(bad, np.nan, 2 * rel * ynorm), x.shape)
+    row_nan = np.isnan(x64).any(axis=(-2, -1), keepdims=True)
+    bad = (~np.isfinite(norm) | (math.sqrt(n) * norm > big)) & ~row_nan
+    bound = np.where(row_nan | bad, 0.0, 2 * rel * ynorm)
+    return Bound(np.broadcast_to(bound, x.shape), np.broadcast_to(bad, x.shape), np.uint8(ANYTHING))
 
 
 # -- quantization --------------------------------------------------------------------------------
@@ -126,17 +131,19 @@ def fake_quantize_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], 
     xc = x.astype(dt.np_dtype(c))
     with np.errstate(all="ignore"):
         s = fake_quantize_scale(xc, attrs["bits"], attrs["axis"]).astype(np.float64)
-        exact, near = quotient_ties(xc, s, out_dtype)
+        _, near = quotient_ties(xc, s, out_dtype)
         return np.where(near, np.broadcast_to(s, x.shape), 0.0)
 
 
 # -- loss ----------------------------------------------------------------------------------------
-def xent_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+def xent_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> Bound:
     """loss = sum_c t_c (lse - l_c), lse = m + log sum exp(l - m). The exps (a few u each), their
     sum (gamma_C) and the log put (C + 3)u + 2u|lse| + u|m| on lse; the products and the final sum
     add gamma_(C+2) times sum |t| |lse - l|, and the algebraically equal form lse sum t - sum t l
-    gamma_(C+2) (|lse| sum|t| + sum |t l|). Twice the sum bounds two implementations. Rows with a
-    non-finite input, or logits near the overflow threshold, are unasserted (NaN)."""
+    gamma_(C+2) (|lse| sum|t| + sum |t l|). Twice the sum bounds two implementations. A NaN
+    logit or target makes the row's loss NaN in every formulation: exact. Rows with an infinite
+    input (whether t * (lse - l) meets 0 * inf depends on the formulation: log-softmax first, or
+    lse sum t - sum t l) or logits near the overflow threshold are order-dependent, any outcome."""
     logits, t = (a.astype(np.float64) for a in inputs)
     c = logits.shape[-1]
     u = _u(out_dtype)
@@ -150,6 +157,7 @@ def xent_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype
         b = (st * ((c + 3) * u + 2 * u * np.abs(lse[..., 0]) + u * np.abs(m[..., 0]))
              + g * (np.sum(at * np.abs(lse - logits), -1) + np.abs(lse[..., 0]) * st
                     + np.sum(at * np.abs(logits), -1)))
-        bad = ~np.all(np.isfinite(logits) & np.isfinite(t), axis=-1) | \
-            (np.max(np.abs(logits), axis=-1, initial=0.0) > big / 4)
-    return np.where(bad, np.nan, 2 * b)
+        nan = np.any(np.isnan(logits) | np.isnan(t), axis=-1)
+        bad = ~nan & (~np.all(np.isfinite(logits) & np.isfinite(t), axis=-1) |
+                      (np.max(np.abs(logits), axis=-1, initial=0.0) > big / 4))
+    return Bound(np.where(nan | bad, 0.0, 2 * b), bad, np.uint8(ANYTHING))
