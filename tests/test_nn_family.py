@@ -13,6 +13,7 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.generate import matrix
 from rlx_conformance.judge.bounds import nn as bounds
+from rlx_conformance.judge.compare import Tolerance, compare
 from rlx_conformance.ops import get_op
 
 CPU = get_backend("cpu")
@@ -178,6 +179,30 @@ def test_attention_bound_rejects_a_dropped_key():
     k[:, 0] = 0  # a changed key must move the output by more than the bound
     moved = CPU.run(c.op, [inputs[0], k, inputs[2], inputs[3]], c.attr_dict)[0].astype(np.float64)
     assert np.any(np.abs(moved - ref) > bound)
+
+
+def test_rope_overflowing_products_admit_fma_rejects_garbage():
+    """x1 c - x2 s where both float32 products overflow but the exact result is finite: an FMA
+    (MLX's fused CUDA kernel) gets a finite value a few ulp from the reference; it must pass,
+    and so must inf or NaN (the unfused order), while a finite value far off must not."""
+    x = np.array([[[3.0e38, 2.9e38]]], np.float32)
+    c = np.array([[0.9]], np.float32)
+    s = np.array([[0.95]], np.float32)
+    attrs = dict(head_dim=2, n_rot=2, style="neox")
+    ref = CPU.run("rope", [x.astype(np.float64), c.astype(np.float64), s.astype(np.float64)], attrs)[0]
+    ref = ref.astype(np.float32)
+    bound = bounds.rope_bound([x, c, s], attrs, "float32")
+    tol = Tolerance(max_ulp=2)
+
+    def judge(out0):
+        out = ref.copy()
+        out[0, 0, 0] = out0
+        return compare(ref, out, exact=False, signed_zero=False, tol=tol, bound=bound).ok
+
+    assert np.isfinite(ref[0, 0, 0])
+    assert judge(np.nextafter(np.nextafter(ref[0, 0, 0], np.float32(0)), np.float32(0)) * np.float32(1 - 3e-7))
+    assert judge(np.float32(np.inf)) and judge(np.float32(np.nan))
+    assert not judge(ref[0, 0, 0] * np.float32(0.5))
 
 
 def test_nan_rows_must_stay_nan():

@@ -228,7 +228,7 @@ def _entry(raw: dict[str, Any], where: str) -> Divergence:
         raise RlxError(f"{where}: excuses must list the failure kinds it excuses, of {', '.join(KINDS)}")
     beyond = sorted(set(excuses) - CATEGORY_KINDS[kw["category"]])
     if beyond:
-        raise RlxError(f"{where}: a {kw['category']} entry cannot excuse {', '.join(beyond)} "
+        raise RlxError(f"{where}: an entry of category {kw['category']} cannot excuse {', '.join(beyond)} "
                        f"(it explains {', '.join(sorted(CATEGORY_KINDS[kw['category']]))})")
     kw["excuses"] = frozenset(excuses)
     for name in CAPS:

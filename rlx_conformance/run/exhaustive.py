@@ -27,6 +27,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -299,6 +300,7 @@ def _verdict(row: dict[str, Any], job: dict[str, Any], target: Target) -> dict[s
     if bad:
         row["message"] = (f"known divergence {d.key} ({d.category}): was {row['outcome']}: "
                           f"{row.get('message', '')}").rstrip(": ")
+        row["divergence"]["was"] = row["outcome"]
         row["outcome"] = "xfail"
     elif d.strict and d.exhaustive:
         part = d.part(case.op, case.dtype, case.id)  # one op of an entry's op list, say
@@ -306,6 +308,32 @@ def _verdict(row: dict[str, Any], job: dict[str, Any], target: Target) -> dict[s
         row["message"] = (f"known divergence {d.key}" + (f" ({d.describe(part)})" if part else "")
                           + " no longer reproduces: remove it from cases/known_divergences.toml")
     return row
+
+
+def rejudge(doc: dict[str, Any]) -> dict[str, Any]:
+    """A sweep's document judged again under cases/known_divergences.toml as it is now (the
+    sweep's counterpart of run/outcomes.rejudge): each row back to what it measured (over budget
+    or not; dead or hung), then :func:`_verdict`. Rows of sweeps that predate ``divergence.was``
+    read it from their message."""
+    rows = []
+    for r in doc["rows"]:
+        r = dict(r)
+        div = r.pop("divergence", None) or {}
+        if r["outcome"] == "xfail":
+            m = re.search(r"\): was (\w+)(?:: |$)", r.get("message") or "")
+            was = div.get("was") or (m.group(1) if m else "fail")
+            r["message"] = (r.get("message") or "").split(f": was {was}", 1)[-1].lstrip(": ")
+            r["outcome"] = was if was in ("error", "crash", "timeout") else "fail"
+        elif r["outcome"] == "xpass":
+            r["outcome"], r["message"] = "pass", ""
+        elif div.get("excused") is False or (r["outcome"] == "fail" and (r.get("message") or "").endswith("]")):
+            r["message"] = r["message"].rsplit(" [", 1)[0]  # unexcused()'s note, made again below
+        job = {"op": r["op"], "attrs": r.get("attrs") or {}, "dtype": r["dtype"]}
+        rows.append(_verdict(r, job, Target.parse(r["target"])))
+    summary = Counter(r["outcome"] for r in rows)
+    return doc | {"rows": rows, "failed": any(r["outcome"] in SWEEP_FAILING for r in rows),
+                  "summary": {o: summary.get(o, 0) for o in ("pass", "fail", "xfail", "xpass", "error", "crash",
+                                                            "timeout", "skip")} | {"total": len(rows)}}
 
 
 def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,

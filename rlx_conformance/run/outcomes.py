@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge.divergences import known_divergence, part_of, scoping, stale_entries, unexcused
-from rlx_conformance.run.staleness import fully_covered
+from rlx_conformance.run.staleness import fully_covered, unmatched_news
 
 
 def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
@@ -76,4 +76,5 @@ def finalize(results: list[CaseResult]) -> list[str]:
                      f"of its {where}" + (f" ({d.describe(part)})" if part else "") +
                      ": narrow its scope (op, dtype, device, mode, id) to what still fails in "
                      f"cases/known_divergences.toml, or remove it ({r.divergence['reason']})")
-    return [f"known divergence {d.key} ({d.describe(part)}) matched no case" for d, part in unmatched]
+    return [f"known divergence {d.key} ({d.describe(part)}) matched no case"
+            for d, part in unmatched_news(unmatched, results)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from fnmatch import fnmatchcase
 
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core.results import CaseResult
@@ -26,15 +27,44 @@ def _every_variant(cases: Iterable[Case]) -> Iterable[Case]:
             yield c if v == c.target.variant else replace(c, target=replace(c.target, variant=v))
 
 
+def _run_targets(results: Sequence[CaseResult]) -> tuple[set[Target], list[Target]]:
+    """The run's targets (with variants) and their base targets (backend variants such as
+    tf32:on/off are not targets of their own: generate on the base targets, expand every variant,
+    keep those the run had)."""
+    targets = {Target.parse(r.id.rsplit("/", 1)[1]) for r in results}
+    return targets, sorted({Target(t.backend, t.device, t.mode) for t in targets}, key=str)
+
+
+def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence[CaseResult]
+                   ) -> list[tuple[kd.Divergence, kd.Part]]:
+    """The entry parts among ``parts`` (none of the run's records matched them) worth a warning:
+    a part that scopes no case of the whole matrix, on any target of the run's backends (a typo,
+    or cases since removed), and a part that scopes cases the run could have held (its targets,
+    ops and dtypes). Silent about a part only other targets or dtypes hold: a CPU-only item of an
+    entry in a GPU run, a float64 item in a --dtypes float32 run."""
+    if not parts:
+        return []
+    targets, base = _run_targets(results)
+    every = [Target(b, d, m) for b in sorted({t.backend for t in base})
+             for d in get_backend(b).all_devices() for m in get_backend(b).modes]
+    dtypes = {r.dtype for r in results}
+    run_ops = {r.op for r in results}
+    out = []
+    for d, p in parts:
+        ops = [o for o in run_ops if any(fnmatchcase(o, g) for g in d.part_ops(p))]
+        held = [c for c in _every_variant(generate(every, ops=ops))
+                if d.matches(c) and d.part(c.op, c.dtype, c.id) == p]
+        if not held or any(c.target in targets and c.dtype in dtypes for c in held):
+            out.append((d, p))
+    return out
+
+
 def fully_covered(units: list[Unit], results: Sequence[CaseResult]) -> list[Unit]:
     """The units (entry, part, op, device, mode) among ``units`` whose every case on the run's
     targets of that device and mode is in ``results``: only a run that holds the whole scope can
     say a divergence is gone."""
     ids = {r.id for r in results}
-    targets = {Target.parse(i.rsplit("/", 1)[1]) for i in ids}
-    # backend variants (tf32:on/off) are not targets of their own: generate on the base targets,
-    # expand every variant, keep those the run had
-    base = sorted({Target(t.backend, t.device, t.mode) for t in targets}, key=str)
+    targets, base = _run_targets(results)
     out = []
     for u in units:
         d, p, op, device, mode = u

@@ -303,20 +303,23 @@ def rope_bound(inputs, attrs, out_dtype):
     big = _big(out_dtype)
 
     def one(a, ca, b, cb):
-        """Bound for a*ca -/+ b*cb."""
+        """Bound for a*ca -/+ b*cb, and where a finite product overflows the compute dtype."""
         with np.errstate(all="ignore"):
             ta, tb = np.abs(a * ca), np.abs(b * cb)
             fa = np.isfinite(a) & np.isfinite(ca)
             fb = np.isfinite(b) & np.isfinite(cb)
-            # a finite product that overflows the compute dtype: order/precision-dependent
+            # a finite product that overflows the compute dtype: order/precision-dependent, but a
+            # finite outcome (an FMA, or a wider accumulator) still obeys the bound, which is
+            # finite in float64
             over = (fa & (ta > big)) | (fb & (tb > big)) | (fa & fb & (ta + tb > big))
-            return np.where(over, np.nan, np.where(fa & fb, SAFETY * 3 * u * (ta + tb), 0.0))
+            return np.where(fa & fb, SAFETY * 3 * u * (ta + tb), 0.0), over
 
     out = np.zeros(xs.shape)
+    free = np.zeros(xs.shape, bool)
     b1, b2, _ = rope_pairs(out, hd, nr, attrs["style"])
-    b1[...] = one(x1, c64, x2, s64)
-    b2[...] = one(x2, c64, x1, s64)
-    out = out.reshape(x.shape)
-    over = np.isnan(out)
-    return Bound(np.where(over, 0.0, out), over,
+    f1, f2, _ = rope_pairs(free, hd, nr, attrs["style"])
+    b1[...], f1[...] = one(x1, c64, x2, s64)
+    b2[...], f2[...] = one(x2, c64, x1, s64)
+    out, over = out.reshape(x.shape), free.reshape(x.shape)
+    return Bound(out, over,
                  np.where(over, POS_INF | NEG_INF | NAN | FINITE, 0).astype(np.uint8))
