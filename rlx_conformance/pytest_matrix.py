@@ -20,7 +20,7 @@ import pytest
 
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
-from rlx_conformance.judge.divergences import entry_name
+from rlx_conformance.judge.divergences import divergences, entry_name
 from rlx_conformance.judge.stability import classify, enforce
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
@@ -56,6 +56,7 @@ class MatrixFile(pytest.File):
             modes = listify(pick("mode", "modes"))
             targets = backend_targets(pick("backend", "backend", "mlx"), listify(pick("device", "devices", "cpu")), modes)
             cases = build_cases(targets, listify(pick("ops", "ops")), listify(pick("dtypes", "dtypes")))
+            divergences()  # the data is checked now: a bad entry is a usage error, not a traceback at the end
         except RlxError as e:
             raise pytest.UsageError(f"{self.path.name}: {e}") from None
         for c in cases:

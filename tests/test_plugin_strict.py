@@ -27,6 +27,8 @@ key = "fake-stale-int32-add"
 op = "add"
 dtype = "int32"
 category = "backend-bug"
+excuses = ["value"]
+max_ulp = 1
 reason = "A made-up divergence for the tests: MLX adds int32 correctly, so this entry is stale."
 """
 
@@ -107,3 +109,15 @@ def test_stale_entry_fails_an_xdist_session(session_dir):
     # the record that carried each result to the controller is not a JUnit property
     text = junit.read_text()
     assert 'name="outcome"' in text and "rlx_record" not in text
+
+
+def test_a_bad_divergence_entry_is_a_one_line_usage_error(session_dir):
+    """An entry the loader refuses (here: it names no failure kinds) stops the session at
+    collection with the loader's message, not with a traceback after every case ran."""
+    (session_dir / "cases" / "known_divergences.toml").write_text(STALE.replace('excuses = ["value"]\nmax_ulp = 1\n', ""))
+    p = pytest_run(session_dir)
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out  # a collection error: no case ran
+    assert "fake-stale-int32-add (add): excuses must list the failure kinds" in out
+    assert "Traceback (most recent call last)" not in out
+    assert not (session_dir / "report" / "results.json").exists()

@@ -225,12 +225,16 @@ def test_precision_entry_cannot_excuse_a_crash(monkeypatch):
     """A precision entry explains wrong values: a crash in its scope looks further (a backend-bug
     entry) or stays a crash — never an xfail that blames rounding for a dead process."""
     case = neg_cases()[0]
-    prec = Divergence(key="entry-1", op=("neg",), category="precision", reason="a few ulp")
-    bug = Divergence(key="entry-2", op=("neg",), category="backend-bug", reason="dies on this input")
+    prec = Divergence(key="entry-1", op=("neg",), category="precision", reason="a few ulp",
+                      excuses=frozenset({"value"}), max_ulp=4)
+    bug = Divergence(key="entry-2", op=("neg",), category="backend-bug", reason="dies on this input",
+                     excuses=frozenset({"crash"}))
     monkeypatch.setattr(outcomes, "known_divergence", kd.known_divergence)
     monkeypatch.setattr(kd, "divergences", lambda: (prec,))
     crash = outcomes.apply_divergence(case, CaseResult.for_case(case, "crash", message="SIGSEGV"))
-    assert crash.outcome == "crash" and crash.divergence is None
+    # still a crash; the record names the entry that scopes it and excuses nothing here
+    assert crash.outcome == "crash" and crash.divergence["excused"] is False
+    assert "entry-1 (it excuses value, not crash)" in crash.message
     fail = outcomes.apply_divergence(case, CaseResult.for_case(case, "fail", message="3 ulp"))
     assert fail.outcome == "xfail" and fail.divergence["entry"] == "entry-1"
     monkeypatch.setattr(kd, "divergences", lambda: (prec, bug))

@@ -39,9 +39,10 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
                    ) -> list[tuple[kd.Divergence, kd.Part]]:
     """The entry parts among ``parts`` (none of the run's records matched them) worth a warning:
     a part that scopes no case of the whole matrix, on any target of the run's backends (a typo,
-    or cases since removed), and a part that scopes cases the run could have held (its targets,
-    ops and dtypes). Silent about a part only other targets or dtypes hold: a CPU-only item of an
-    entry in a GPU run, a float64 item in a --dtypes float32 run."""
+    or cases since removed), and a part that is the first entry of cases the run could have held
+    (its targets, ops and dtypes). Silent about a part only other targets or dtypes hold (a
+    CPU-only item of an entry in a GPU run, a float64 item in a --dtypes float32 run) or that an
+    earlier entry shadows on this run's targets."""
     if not parts:
         return []
     targets, base = _run_targets(results)
@@ -54,7 +55,10 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
         ops = [o for o in run_ops if any(fnmatchcase(o, g) for g in d.part_ops(p))]
         held = [c for c in _every_variant(generate(every, ops=ops))
                 if d.matches(c) and d.part(c.op, c.dtype, c.id) == p]
-        if not held or any(c.target in targets and c.dtype in dtypes for c in held):
+        # a case the run could hold that the part would have been recorded under (a record
+        # carries the first entry scoping it)
+        if not held or any(c.target in targets and c.dtype in dtypes and kd.known_divergence(c) is d
+                           for c in held):
             out.append((d, p))
     return out
 
