@@ -1,10 +1,14 @@
 """Per known-divergence entry: failure kinds and measured maxima of the failures it excused."""
-import gzip, json, sys, collections, math
+import collections
+import gzip
+import json
+import re
+import sys
 from types import SimpleNamespace
-sys.path.insert(0, '/work/main')
+
 from rlx_conformance.judge.divergences import failure_kinds
 
-import re
+
 def load(p):
     op = gzip.open if p.endswith('.gz') else open
     with op(p, 'rt') as f:

@@ -3,10 +3,14 @@
 usage: fill_excuses.py TOML RESULTS... : rewrites TOML in place; prints entries with nothing measured
 and kinds beyond the category. Caps: the measured maximum over the excused value failures, rounded
 up to the next 1-2-5 step."""
-import math, re, sys
-sys.path.insert(0, '/work/tools'); sys.path.insert(0, '/work/main')
-from entry_stats import stats
-from rlx_conformance.judge.divergences import CATEGORY_KINDS, entry_key
+import math
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # entry_stats, beside this file
+from entry_stats import stats  # noqa: E402
+from rlx_conformance.judge.divergences import CATEGORY_KINDS, entry_key  # noqa: E402
 
 def step125(m):
     if m <= 0:

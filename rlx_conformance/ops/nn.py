@@ -31,7 +31,6 @@ from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds import nn as bounds
 from rlx_conformance.judge.bounds.nn import attention_dims
 from rlx_conformance.spec import infer
-from rlx_conformance.spec.values import ACCUMULATION_CLASSES
 from rlx_conformance.spec.registry import (
     Attr,
     ErrorInputs,
@@ -42,6 +41,7 @@ from rlx_conformance.spec.registry import (
     declaration_helper,
     declare,
 )
+from rlx_conformance.spec.values import ACCUMULATION_CLASSES
 
 FLOATS = dt.FLOATS
 

@@ -29,7 +29,6 @@ from rlx_conformance.judge.bounds.reduce import (
     sum_bound,
 )
 from rlx_conformance.spec import infer
-from rlx_conformance.spec.values import ACCUMULATION_CLASSES
 from rlx_conformance.spec.registry import (
     Attr,
     Input,
@@ -38,6 +37,7 @@ from rlx_conformance.spec.registry import (
     declaration_helper,
     declare,
 )
+from rlx_conformance.spec.values import ACCUMULATION_CLASSES
 
 EXACT = Policy(exact=True)
 SPREAD = ("random", "special", "spread")  # value classes of the reductions and scans

@@ -11,7 +11,13 @@ from types import SimpleNamespace
 
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, Target
-from rlx_conformance.judge.divergences import known_divergence, part_of, scoping, stale_entries, unexcused
+from rlx_conformance.judge.divergences import (
+    known_divergence,
+    part_of,
+    scoping,
+    stale_entries,
+    unexcused,
+)
 from rlx_conformance.run.staleness import fully_covered, unmatched_news
 
 
