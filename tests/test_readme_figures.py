@@ -1,0 +1,57 @@
+"""Figures in the README and reports/README.md that a test can recompute, recomputed: the size of
+the matrix `tox -e mlx` runs, the compiled-mode skips, and the committed baselines' counts. A
+change that moves one fails here until the text says the new number."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rlx_conformance.generate import matrix
+from rlx_conformance.report import records
+
+ROOT = Path(__file__).resolve().parent.parent
+# whitespace folded: a figure may wrap across lines
+README = re.sub(r"\s+", " ", (ROOT / "README.md").read_text())
+REPORTS = re.sub(r"\s+", " ", (ROOT / "reports" / "README.md").read_text())
+COMPILED = [matrix.Target("mlx", "cpu", "compiled")]
+
+
+def n(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+@pytest.fixture(scope="module")
+def one_mode() -> list:
+    return matrix.generate(COMPILED)
+
+
+def test_the_main_jobs_matrix_size(one_mode):
+    m = re.search(r"`tox -e mlx` runs the whole matrix \(([\d,]+) cases\)", README)
+    assert m and n(m.group(1)) == len(one_mode)
+
+
+def test_non_zero_skips_in_compiled_mode(one_mode):
+    m = re.search(r"its ([\d,]+) cases skip in every compiled run", README)
+    assert m and n(m.group(1)) == sum(c.op == "non_zero" for c in one_mode)
+
+
+def _summary(path: str) -> Counter:
+    return Counter(r["outcome"] for r in records.load(ROOT / path).cases)
+
+
+def test_gpu_baseline_counts():
+    s = _summary("reports/gpu-baseline/results.json.gz")
+    want = (f"{sum(s.values()):,} cases: {s['pass']:,} pass, {s['xfail']:,} xfail, {s['skip']:,} skip, "
+            "nothing failing")
+    assert want in REPORTS, want
+    assert f"**{sum(s.values()):,} cases**" in README
+    assert f"{s['pass']:,} pass, {s['xfail']:,} xfail, {s['skip']:,} skip, nothing failing" in README
+
+
+def test_cpu_baseline_counts():
+    s = _summary("reports/baseline/results.json.gz")
+    want = f"({sum(s.values()):,} cases: {s['pass']:,} pass, {s['xfail']:,} xfail, {s['skip']:,} skip)"
+    assert want in REPORTS, want
