@@ -95,6 +95,14 @@ def test_crash_and_hang_are_recorded_and_validation_goes_on(tmp_path):
     assert doc["summary"]["total"] == 14
     # the later stages ran after the crash and the hang
     assert [p["verdict"] for p in doc["error_inputs"]] == ["rejected (harness pre-validation)"]
+    # the records, rerun hints and repro bundles of the crash and the hang name and run the
+    # contributed kernel, not the built-in one
+    kernel = f"{KERNELS}:crash_or_hang"
+    for r in results(tmp_path).values():
+        assert r["origin"] == kernel, (r["id"], r["origin"])
+        if r["outcome"] in ("crash", "timeout"):
+            repro = (tmp_path / "report" / r["repro"] / "repro.py").read_text()
+            assert "def crash_or_hang(" in repro and "os.kill(os.getpid(), signal.SIGSEGV)" in repro, r["id"]
 
 
 # -- the call convention --------------------------------------------------------------------------
@@ -180,6 +188,34 @@ def test_known_divergence_shared_with_builtin_is_xfail_and_strict_fails(tmp_path
     rs = results(tmp_path)
     assert code == 1 and not any(r["outcome"] == "xfail" for r in rs.values())
     assert any("--strict" in r["message"] for r in rs.values() if r["outcome"] == "fail")
+
+
+@pytest.mark.parametrize("op,kernel", [("softmax", "softmax_nan_float64"), ("exp", "exp_constant_float64")])
+def test_a_shared_divergence_is_no_blank_cheque(tmp_path, op, kernel):
+    """The built-in kernel fails float64 softmax and exp by ~1e-8 relative (known divergences);
+    a port returning NaN everywhere, or 42.0, fails those cases too, but differently or far worse:
+    every such case is a failure naming the entry and why it does not excuse it (a kind or a cap
+    the entry does not cover; the built-in kernel passing, or erring far less: its figures
+    beside the port's), none an xfail."""
+    code, doc, _, _ = validate(tmp_path, op, f"{KERNELS}:{kernel}", "--dtypes", "float64")
+    rs = results(tmp_path).values()
+    bad = [r for r in rs if r["outcome"] == "fail"]
+    assert code == 1 and len(bad) >= 10
+    assert not [r["id"] for r in rs if r["outcome"] == "xfail"]
+    assert all(" known divergence float64-" in r["message"] for r in bad)
+    if op == "softmax":  # NaN where the reference is finite: a kind the precision entry never excuses
+        assert all("it excuses value, not nonfinite" in r["message"] for r in bad)
+    else:  # within the entry's caps on some cases: there the built-in kernel's figures decide
+        assert any("more than 2x the built-in kernel's error: max_ulp" in r["message"] for r in bad)
+
+
+def test_a_gather_nd_port_wrong_on_embedding_tables_is_caught(tmp_path):
+    """GatherND's most common use is a row lookup in a rank-2 table: the matrix generates rank-1
+    and rank-2 data, so a port wrong only there fails (before, every family had rank 3 or 4)."""
+    code, doc, _, _ = validate(tmp_path, "onnx.GatherND", f"{KERNELS}:gather_nd_wrong_on_tables",
+                               "--dtypes", "float32")
+    bad = {r["id"] for r in results(tmp_path).values() if r["outcome"] == "fail"}
+    assert code == 1 and bad and all("/shape:50x8+" in i and "/batch_dims:0/" in i for i in bad)
 
 
 # -- error-input parity -----------------------------------------------------------------------------
@@ -335,3 +371,22 @@ def test_fuzz_without_hypothesis_is_a_usage_error(tmp_path, capsys, monkeypatch)
                      "--fuzz", "10", "--report", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 2 and "--fuzz needs hypothesis" in err and err.count("\n") == 1
+
+
+def test_worst_lists_failures_before_excused_cases_and_non_finite_first():
+    """The kernel's one real failure (small, finite) must head the list above excused cases with
+    huge errors; a NaN mismatch with error figures 0 ranks above finite errors."""
+    from rlx_conformance.core.results import CaseResult
+    from rlx_conformance.generate.matrix import Target
+    from rlx_conformance.run.validate import Validation
+
+    def rec(i, outcome, ulp, nonfinite=0):
+        return CaseResult(id=f"c{i}", op="exp", dtype="float32", shape=[[3]], family="f", attrs={}, vals="random",
+                          backend="mlx", device="cpu", mode="eager", outcome=outcome, max_ulp=ulp,
+                          max_rel_err=ulp * 1e-7, max_abs_err=ulp * 1e-7, nonfinite_mismatches=nonfinite,
+                          divergence={"entry": "e", "was": "fail"} if outcome == "xfail" else None)
+
+    v = Validation("exp", "k", Target("mlx", "cpu", "eager"))
+    v.results = [rec(1, "xfail", 1e9), rec(2, "fail", 3.0), rec(3, "xfail", 1e12), rec(4, "fail", 0.0, nonfinite=5),
+                 rec(5, "pass", 0.0)]
+    assert [r.id for r in v.worst(5)] == ["c4", "c2", "c3", "c1"]

@@ -78,3 +78,28 @@ def cholesky_checked(A):
     if A.shape[-1] and not bool(mx.all(mx.isfinite(L)).item() and mx.all(d > 0).item()):
         raise ValueError("cholesky: the matrix is not positive definite")
     return L
+
+
+def softmax_nan_float64(x, *, axis):
+    """softmax that returns NaN everywhere for float64 (MLX's built-in float64 softmax fails its
+    cases too, by a few 1e-9 relative: a known divergence that must not excuse this)."""
+    if x.dtype == mx.float64:
+        return mx.full(x.shape, float("nan"), dtype=x.dtype)
+    return mx.softmax(x, axis=axis)
+
+
+def exp_constant_float64(x):
+    """exp that returns 42.0 for float64 (the built-in's float64 exp is float32-accurate: known
+    divergence float64-float32-grade-math, which must not excuse a constant)."""
+    if x.dtype == mx.float64:
+        return mx.full(x.shape, 42.0, dtype=x.dtype)
+    return mx.exp(x)
+
+
+def gather_nd_wrong_on_tables(data, indices, *, batch_dims):
+    """GatherND right on rank >= 3 data and wrong on a rank-2 table (the embedding lookup): it
+    reads the row after the one indexed (a classic off-by-one of a hand-rolled 2-D path)."""
+    from rlx_conformance.backends.mlx.custom import gather_nd
+    if data.ndim == 2 and batch_dims == 0 and indices.shape[-1] == 1:
+        indices = (indices + 1) % data.shape[0]
+    return gather_nd(data, indices, batch_dims=batch_dims)

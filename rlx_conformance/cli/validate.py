@@ -106,13 +106,18 @@ def print_verdict(v, show: int = 5) -> None:
 
     worst = v.worst(show)
     if worst:
-        t = Table(title=f"worst errors (of {sum(1 for r in v.results if r.outcome == 'fail')} numeric failures)",
+        nfail = sum(1 for r in v.results if r.outcome == "fail")
+        nx = sum(1 for r in worst if r.outcome == "xfail")
+        t = Table(title=f"worst errors ({nfail} numeric failure(s) first"
+                  + (", then excused ones" if nx else "") + "; NaN/inf: elements whose NaN/inf "
+                  "pattern differs from the reference's, whatever the error figures say)",
                   title_justify="left")
-        for col in ("case id", "max abs", "max rel", "max ulp", "message"):
+        for col in ("case id", "NaN/inf", "max abs", "max rel", "max ulp", "message"):
             t.add_column(col, overflow="fold")
         for r in worst:
-            t.add_row(r.id + (" (xfail)" if r.outcome == "xfail" else ""), _fmt(r.max_abs_err),
-                      _fmt(r.max_rel_err), _fmt(r.max_ulp), (r.message or "").splitlines()[0][:300])
+            t.add_row(r.id + (" (xfail)" if r.outcome == "xfail" else ""), str(r.nonfinite_mismatches or 0),
+                      _fmt(r.max_abs_err), _fmt(r.max_rel_err), _fmt(r.max_ulp),
+                      (r.message or "").splitlines()[0][:300])
         console.print(t)
     other = [r for r in v.bad_cases if r.outcome != "fail"]
     if other:

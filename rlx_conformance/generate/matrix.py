@@ -7,6 +7,7 @@ This module reads only the registry and cases/.
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import itertools
 import math
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import data
+from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError, SpecError
 from rlx_conformance.ops import all_ops, get_op
 from rlx_conformance.spec import values
@@ -163,6 +165,33 @@ def shape_families(kind: str) -> dict[str, tuple[Shape, ...]]:
     return {name: tuple(tuple(s) for s in shapes) for name, shapes in fams.items()}
 
 
+# The short dtype names people type and reports print (bf16, f32, i64, ...)
+DTYPE_ABBREVIATIONS = {"f16": "float16", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                       "f32": "float32", "fp32": "float32", "float": "float32", "f64": "float64",
+                       "fp64": "float64", "double": "float64", "i8": "int8", "i16": "int16",
+                       "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32"}
+
+
+def _did_you_mean(word: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, names, n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def selected_dtypes(dtypes: Sequence[str] | None) -> list[str] | None:
+    """``dtypes`` (names or globs) with abbreviations expanded (bf16 -> bfloat16); a pattern that
+    names no dtype is an error with the closest names."""
+    if not dtypes:
+        return None
+    out = []
+    for p in dtypes:
+        p = DTYPE_ABBREVIATIONS.get(p.lower(), p)
+        if not any(fnmatch.fnmatchcase(d, p) for d in dt.ALL):
+            raise RlxError(f"no dtype matches {p!r}" + _did_you_mean(p, [*dt.ALL, *DTYPE_ABBREVIATIONS])
+                           + f"; dtypes: {', '.join(dt.ALL)}")
+        out.append(p)
+    return out
+
+
 def _matches(name: str, patterns: Sequence[str] | None) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -173,9 +202,12 @@ def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
     """All cases for the given targets. ``ops``/``dtypes`` filter by glob; ``supports(target, op,
     dtype)`` tells whether the target's backend declares the dtype (undeclared ones are still
     generated: the matrix checks the declaration)."""
+    names = [s.name for s in all_ops()]
+    for p in ops or ():  # each pattern must select something: a typo is an error, not a smaller run
+        if not any(fnmatch.fnmatchcase(n, p) for n in names):
+            raise RlxError(f"no op matches {p!r}" + _did_you_mean(p, names))
+    dtypes = selected_dtypes(dtypes)
     specs = [s for s in all_ops() if _matches(s.name, ops)]
-    if ops and not specs:
-        raise RlxError(f"no op matches {', '.join(ops)}")
     cases: list[Case] = []
     for spec in specs:
         fams = shape_families(spec.shapes)

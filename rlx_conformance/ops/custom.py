@@ -285,6 +285,12 @@ def gen_gather_nd(stream, shapes, dtype, attrs, vals):
     return [data, idx.astype(np.int64)]
 
 
+def _gather_nd_batch_dims(shapes) -> range:
+    """0, 1, 2, as far as the family's data rank allows (batch_dims < rank(data)): rank-1 data
+    (a vector) gets 0 alone, rank-2 data (an embedding table) 0 and 1."""
+    return range(min(3, len(shapes[0])))  # shapes: [data shape, index spec]
+
+
 def _gather_nd_errors():
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     return [
@@ -304,7 +310,7 @@ custom_op(
     doc="ONNX GatherND (opset 13): slices data[batch, indices[batch, ..., :]] for each index "
         "tuple; out shape = indices.shape[:-1] + data.shape[batch_dims + k:]",
     inputs=(Input("data"), Input("indices", dtypes=("int64",), role="index")),
-    attrs=(Attr("batch_dims", "int", default=0, sweep=(0, 1, 2)),),
+    attrs=(Attr("batch_dims", "int", default=0, sweep=_gather_nd_batch_dims),),
     codec=Codec((Field("batch_dims", "i32"),)),
     dtypes=dt.ALL, infer=infer_gather_nd, check_values=check_gather_nd,
     shapes="gather_nd", values=("special",), generate=gen_gather_nd,

@@ -70,6 +70,11 @@ class BundleSink:
     report_dir: Path
     always: bool = False
     timeout: float | None = None  # the run's per-case limit, repro.py's default alarm
+    # the workers' environment and init hook (validate's contributed kernel): the child that
+    # writes a crashed or hung case's bundle sets them up too, so that its repro.py embeds and
+    # calls the kernel that failed, not the built-in one
+    init: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
     def collect(self, case: Case, r: CaseResult, capture: dict[str, Any] | None) -> None:
         """Write the bundle of ``r`` if wanted and set ``r.repro``. ``capture``: the arrays from
@@ -94,7 +99,8 @@ class BundleSink:
         ctx = worker.context()
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_write_regenerated, args=(child, case, final, self.report_dir / DIRNAME,
-                                                           self.timeout), daemon=True)
+                                                           self.timeout, self.init, dict(self.env)),
+                        daemon=True)
         p.start()
         child.close()
         limit = self.timeout or 60.0
@@ -113,8 +119,11 @@ class BundleSink:
         return got
 
 
-def _write_regenerated(conn: Any, case: Case, final: CaseResult, root: Path, timeout: float | None) -> None:
+def _write_regenerated(conn: Any, case: Case, final: CaseResult, root: Path, timeout: float | None,
+                       init: str | None = None, env: dict[str, str] | None = None) -> None:
     try:
+        os.environ.update(env or {})
+        worker.run_init(init)
         conn.send(write_bundle(case, final, root, regenerate(case), timeout=timeout))
     except Exception as e:  # noqa: BLE001 — reported to the parent
         conn.send(f"{type(e).__name__}: {e}")

@@ -128,7 +128,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     interrupted = False
     sink = None
     if bundles and report_dir is not None:
-        sink = BundleSink(Path(report_dir), timeout=timeout)
+        sink = BundleSink(Path(report_dir), timeout=timeout, init=init, env=tuple(sorted((env or {}).items())))
     runner = Runner(workers=workers, timeout=timeout, init=init, env=env,  # env: set in each worker before init
                     bundles=sink)
     try:
