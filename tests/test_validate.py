@@ -390,3 +390,14 @@ def test_worst_lists_failures_before_excused_cases_and_non_finite_first():
     v.results = [rec(1, "xfail", 1e9), rec(2, "fail", 3.0), rec(3, "xfail", 1e12), rec(4, "fail", 0.0, nonfinite=5),
                  rec(5, "pass", 0.0)]
     assert [r.id for r in v.worst(5)] == ["c4", "c2", "c3", "c1"]
+
+
+def test_fuzz_does_not_excuse_a_failure_the_built_in_shares_only_in_name(tmp_path):
+    """Fuzzing judges as the matrix does: the all-NaN float64 softmax fails examples the built-in
+    kernel also fails (by ~1e-9), but with NaN where the built-in has digits: a fuzz failure,
+    not a known divergence."""
+    code, doc, _, _ = validate(tmp_path, "softmax", f"{KERNELS}:softmax_nan_float64", "--dtypes", "float64",
+                               "--fuzz", "10", "--derandomize")
+    assert code == 1
+    assert doc["fuzz"]["failure"]["outcome"] == "fail" and doc["fuzz"]["known_divergences"] == 0
+    assert doc["fuzz"]["failure"]["nonfinite_mismatches"] >= 1
