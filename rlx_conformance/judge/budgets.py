@@ -75,6 +75,7 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.bounds import nn as nn_bounds
+from rlx_conformance.judge.bounds import signal as signal_bounds
 from rlx_conformance.judge.bounds.conv import conv_as_matmul, conv_transpose_reference
 from rlx_conformance.judge.bounds.gamma import gamma
 from rlx_conformance.judge.bounds.linalg import (
@@ -330,36 +331,11 @@ def attention(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], o
     (D(Sk) + 4) u of their own rounding (exp, sum, division); the weighted sum of values adds
     gamma_(D(Sk)+1): |o^_id - o_id| <= 2 (expm1(2 E_i) + 2 (D(Sk) + 4) u + gamma_(D(Sk)+1))
     sum_j p_ij |v_jd| (doubled as there). u includes the float64 reference's 2^-53."""
-    q, k, v, mask = inputs
-    b, sq, sk, h, hkv, d = nn_bounds.attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
-    u = _u(out_dtype) + U64
+    (b, sq, sk, h, _, d), rel, p, _, _, _, vh = nn_bounds.attention_analysis(
+        inputs, attrs, _u(out_dtype) + U64,
+        lambda d, sk: (entry.depth(d) + 1, entry.depth(sk) + 1, entry.depth(sk)))
     dd, ds = entry.depth(d), entry.depth(sk)
-    scale = attrs["score_scale"] or 1 / math.sqrt(d)
-    cap = attrs["logit_softcap"]
-    kind = attrs["mask_kind"]
-    qh = q.astype(np.float64).reshape(b, sq, h, d).transpose(0, 2, 1, 3)
-    rep = h // hkv
-    kh = np.repeat(k.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), rep, axis=1)
-    vh = np.repeat(v.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), rep, axis=1)
     with np.errstate(all="ignore"):
-        s = scale * qh @ np.swapaxes(kh, -1, -2)
-        e = gamma(dd + 1, u) * scale * (np.abs(qh) @ np.abs(np.swapaxes(kh, -1, -2))) + u * np.abs(s)
-        if cap > 0:
-            s = cap * np.tanh(s / cap)
-            e = e + 3 * u * np.abs(s)
-        allowed = np.broadcast_to(nn_bounds.allowed_keys(kind, attrs["window"], sq, sk), s.shape)
-        if kind == "custom":
-            allowed = np.broadcast_to(mask.astype(np.float64), s.shape) != 0
-        elif kind == "bias":
-            bias = np.broadcast_to(mask.astype(np.float64), s.shape)
-            e = e + u * (np.abs(s) + np.abs(bias))
-            s = s + bias
-            allowed = bias > -np.inf
-        s = np.where(allowed, s, -np.inf)
-        p = np.exp(s - np.max(s, axis=-1, keepdims=True))
-        p = p / p.sum(-1, keepdims=True)
-        big_e = np.max(np.where(allowed, e, 0.0), axis=-1, keepdims=True)
-        rel = np.expm1(2 * big_e) + 2 * (ds + 4) * u + gamma(ds + 1, u)
         allow = 2 * rel * (p @ np.abs(vh))
     allow = allow.transpose(0, 2, 1, 3).reshape(b, sq, h * d)
     return Allowance(allow, 0.0, f"judge/bounds/nn.py's attention analysis at depths D(d) = {dd}, "
@@ -373,19 +349,10 @@ def xent(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dt
     (D(C) + 3) u + 2u |lse| + u |m|, the products and the final sum gamma_(D(C)+2) times
     sum |t| |lse - l|, the algebraically equal form lse sum t - sum t l gamma_(D(C)+2)
     (|lse| sum |t| + sum |t l|); doubled for the float64 reference."""
-    logits, t = (a.astype(np.float64) for a in inputs)
+    logits = inputs[0]
     ncls = logits.shape[-1]
     d = entry.depth(ncls)
-    u = _u(out_dtype)
-    with np.errstate(all="ignore"):
-        m = np.max(logits, axis=-1, keepdims=True)
-        lse = m + np.log(np.sum(np.exp(logits - m), axis=-1, keepdims=True))
-        at = np.abs(t)
-        st = at.sum(-1)
-        g = gamma(d + 2, u)
-        b = (st * ((d + 3) * u + 2 * u * np.abs(lse[..., 0]) + u * np.abs(m[..., 0]))
-             + g * (np.sum(at * np.abs(lse - logits), -1) + np.abs(lse[..., 0]) * st
-                    + np.sum(at * np.abs(logits), -1)))
+    b = signal_bounds.xent_error(inputs, _u(out_dtype), d)
     return Allowance(2 * b, 0.0, f"judge/bounds/signal.py's log-sum-exp analysis at depth D(C) = {d}, C = {ncls}")
 
 

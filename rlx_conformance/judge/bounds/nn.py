@@ -20,6 +20,7 @@ same shapes, masks and pairs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -228,15 +229,17 @@ def allowed_keys(kind: str, window: int, sq: int, sk: int) -> np.ndarray:
     return np.ones((sq, sk), bool)
 
 
-def attention_bound(inputs, attrs, out_dtype):
-    """Scores s_ij = scale q_i.k_j have |error| <= e_ij = gamma_D scale |q_i|.|k_j| + u |s_ij| (+ 3u
-    |capped score| for the softcap, which is 1-Lipschitz, + u(|s| + |bias|) for a bias). With
-    E_i = max over attended j of e_ij, softmax weights change by at most a factor exp(+-2 E_i)
-    and carry (Sk + 4) u of their own rounding, and the weighted sum of values adds gamma_Sk:
-    |o_id - o^_id| <= (expm1(2 E_i) + 2 (Sk + 4) u + gamma_Sk) sum_j p_ij |v_jd|."""
+def attention_analysis(inputs, attrs, u: float, depths: Callable[[int, int], tuple[int, int, int]]):
+    """The attention error analysis with its sums' depths as parameters (the worst-case bound's
+    and, at the blocked depths, the accuracy budget's: judge/budgets.py). ``depths(d, Sk)`` gives
+    (score_terms, key_terms, key_rounding): scores carry gamma_(score_terms) scale |q|.|k| + u |s|
+    (+ softcap, bias terms), softmax weights 2 (key_rounding + 4) u of their own rounding, the
+    weighted sum gamma_(key_terms). Returns the dims
+    (b, sq, sk, h, hkv, d), rel [b, h, sq, 1] (the relative error per row, before the factor for
+    two implementations), p, the attended mask, and qh, kh, vh in float64 [b, h, s, d]."""
     q, k, v, mask = inputs
-    b, sq, sk, h, hkv, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
-    u = _u(out_dtype) + U64
+    dims = b, sq, sk, h, hkv, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
+    score_terms, key_terms, key_rounding = depths(d, sk)
     scale = attrs["score_scale"] or 1 / math.sqrt(d)
     cap = attrs["logit_softcap"]
     kind = attrs["mask_kind"]
@@ -246,7 +249,7 @@ def attention_bound(inputs, attrs, out_dtype):
     vh = np.repeat(v.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), rep, axis=1)
     with np.errstate(all="ignore"):
         s = scale * qh @ np.swapaxes(kh, -1, -2)
-        e = gamma(d, u) * scale * (np.abs(qh) @ np.abs(np.swapaxes(kh, -1, -2))) + u * np.abs(s)
+        e = gamma(score_terms, u) * scale * (np.abs(qh) @ np.abs(np.swapaxes(kh, -1, -2))) + u * np.abs(s)
         if cap > 0:
             s = cap * np.tanh(s / cap)
             e = e + 3 * u * np.abs(s)
@@ -259,11 +262,22 @@ def attention_bound(inputs, attrs, out_dtype):
             s = s + bias
             allowed = bias > -np.inf
         s = np.where(allowed, s, -np.inf)
-        mx = np.max(s, axis=-1, keepdims=True)
-        p = np.exp(s - mx)
+        p = np.exp(s - np.max(s, axis=-1, keepdims=True))
         p = p / p.sum(-1, keepdims=True)
         big_e = np.max(np.where(allowed, e, 0.0), axis=-1, keepdims=True)
-        rel = np.expm1(2 * big_e) + 2 * (sk + 4) * u + gamma(sk, u)
+        rel = np.expm1(2 * big_e) + 2 * (key_rounding + 4) * u + gamma(key_terms, u)
+    return dims, rel, p, allowed, qh, kh, vh
+
+
+def attention_bound(inputs, attrs, out_dtype):
+    """Scores s_ij = scale q_i.k_j have |error| <= e_ij = gamma_D scale |q_i|.|k_j| + u |s_ij| (+ 3u
+    |capped score| for the softcap, which is 1-Lipschitz, + u(|s| + |bias|) for a bias). With
+    E_i = max over attended j of e_ij, softmax weights change by at most a factor exp(+-2 E_i)
+    and carry (Sk + 4) u of their own rounding, and the weighted sum of values adds gamma_Sk:
+    |o_id - o^_id| <= (expm1(2 E_i) + 2 (Sk + 4) u + gamma_Sk) sum_j p_ij |v_jd|."""
+    (b, sq, _, h, _, d), rel, p, allowed, qh, kh, vh = attention_analysis(
+        inputs, attrs, _u(out_dtype) + U64, lambda d, sk: (d, sk, sk))
+    with np.errstate(all="ignore"):
         bound = SAFETY * rel * (p @ np.abs(vh))  # [b, h, sq, d]
         # NaN reaching an output: from the query, an attended key (its scores are NaN, so is the
         # softmax), or an attended value in that column (p * NaN = NaN even where p underflows)
@@ -271,7 +285,7 @@ def attention_bound(inputs, attrs, out_dtype):
         att = ind(allowed)
         row_nan = np.isnan(qh).any(-1)[..., None] | ((att @ ind(np.isnan(kh).any(-1))[..., None]) > 0)
         nan_at = row_nan | ((att @ ind(np.isnan(vh))) > 0)
-    if kind == "bias":  # a NaN score is masked by the bias rule (s > -inf): no NaN is certain
+    if attrs["mask_kind"] == "bias":  # a NaN score is masked by the bias rule (s > -inf): no NaN is certain
         nan_at = np.zeros_like(nan_at)
     # Other non-finite inputs (infinite scores or values; none in the matrix, whose attention
     # values are random) or scores that overflow: the online softmax's rescaling order decides.
