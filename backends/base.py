@@ -76,6 +76,36 @@ def _as_list(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+# A rule's per-array argument or result: None for an input (output) with no derivative.
+Grads = list[np.ndarray | None]
+
+
+@dataclass
+class DerivativeRule:
+    """The reference derivative of one op, written by hand next to its forward kernel and
+    evaluated in float64 whatever the case dtype (tests/test_reference_derivatives.py verifies
+    each against finite differences, the other rule and, elementwise, MPFR).
+
+    ``vjp(inputs, attrs, cotangents) -> one cotangent per input`` (None for a non-differentiable
+    input; cotangents hold one array per output, None for a non-floating output) and
+    ``jvp(inputs, attrs, tangents) -> one tangent per output`` (tangents: one per input, None for
+    a non-differentiable input). ``convention`` says what the rules return where the op is not
+    differentiable (kinks, ties, domain edges), as PyTorch documents its own. ``radius(inputs,
+    attrs)`` gives, per input, an array of per-element distances (None: unbounded) such that the
+    op is smooth on the box of perturbations |dx_i| < r_i around the point: 0 at a kink or a tie,
+    the gap to it nearby (the finite-difference test keeps its stencil inside that box).
+    ``condition(inputs, attrs)``: how much the rules amplify rounding at this point (the
+    condition number of the matrices a solve-based rule inverts; None: 1), a factor of any error
+    bound put on their results."""
+
+    op: str
+    vjp: Callable[..., Grads] | None = None
+    jvp: Callable[..., Grads] | None = None
+    convention: str = ""
+    radius: Callable[..., Grads] | None = None
+    condition: Callable[..., float] | None = None
+
+
 class Backend:
     """Base class. Subclasses set ``name``, ``modes`` and implement ``devices`` and ``_execute``."""
 
@@ -89,6 +119,7 @@ class Backend:
 
     def __init__(self) -> None:
         self.kernels: dict[str, KernelEntry] = {}
+        self.derivatives: dict[str, DerivativeRule] = {}
 
     def flushes_subnormals(self, device: str) -> bool:
         """Whether results that would be subnormal may come back as zero on ``device`` (FTZ)."""
@@ -136,7 +167,119 @@ class Backend:
             return fn
         return deco
 
+    # -- reference derivatives (DerivativeRule) ------------------------------------------------
+    def _rule_for(self, op: str, kind: str) -> DerivativeRule:
+        spec = get_op(op)
+        if not spec.differentiable:
+            raise RegistrationError(f"{self.name}: a {kind} rule for {op!r}, which the registry "
+                                    f"declares not differentiable ({spec.not_differentiable_reason()})")
+        rule = self.derivatives.setdefault(op, DerivativeRule(op))
+        if getattr(rule, kind) is not None:
+            raise RegistrationError(f"{self.name}: a {kind} rule for {op!r} is already registered")
+        return rule
+
+    def vjp(self, op: str, *, convention: str = "", radius: Callable[..., Grads] | None = None,
+            condition: Callable[..., float] | None = None
+            ) -> Callable[[Callable[..., Grads]], Callable[..., Grads]]:
+        """Decorator: register ``op``'s VJP rule, with its convention at non-differentiable
+        points, its smoothness radius and its condition (see :class:`DerivativeRule`)."""
+        def deco(fn: Callable[..., Grads]) -> Callable[..., Grads]:
+            rule = self._rule_for(op, "vjp")
+            rule.vjp, rule.convention, rule.radius, rule.condition = fn, convention, radius, condition
+            return fn
+        return deco
+
+    def jvp(self, op: str) -> Callable[[Callable[..., Grads]], Callable[..., Grads]]:
+        """Decorator: register ``op``'s JVP rule (written independently of its VJP rule)."""
+        def deco(fn: Callable[..., Grads]) -> Callable[..., Grads]:
+            self._rule_for(op, "jvp").jvp = fn
+            return fn
+        return deco
+
+    def derivative(self, op: str) -> DerivativeRule:
+        """``op``'s complete rule (VJP and JVP); UnsupportedError if it has none."""
+        rule = self.derivatives.get(op)
+        if rule is None or rule.vjp is None or rule.jvp is None:
+            get_op(op)  # unknown op → UnknownOpError
+            raise UnsupportedError(f"{self.name} has no reference derivative for {op!r}")
+        return rule
+
+    def _derivative_call(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None
+                         ) -> tuple[DerivativeRule, list[np.ndarray], dict[str, Any],
+                                    list[OutSpec], list[bool]]:
+        """The checks of :meth:`run`, then the floating inputs in float64; also which inputs are
+        differentiable (per array: a variadic input's arrays share its declaration)."""
+        spec = get_op(op)
+        rule = self.derivative(op)
+        arrays, in_dtypes, resolved, outs = prevalidate(spec, inputs, attrs)
+        wide = [x.astype(np.float64) if dt.is_float(d) else x for x, d in zip(arrays, in_dtypes)]
+        diff = [spec.input_differentiable(spec.inputs[min(k, len(spec.inputs) - 1)])
+                for k in range(len(arrays))]
+        return rule, wide, resolved, outs, diff
+
+    def run_vjp(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None,
+                cotangents: Sequence[np.ndarray | None]) -> Grads:
+        """Jᵀu: one float64 cotangent per input (None for a non-differentiable input, or where
+        the case's attributes leave an input without a derivative), from one cotangent per output
+        (None for a non-floating output)."""
+        rule, xs, attrs, outs, diff = self._derivative_call(op, inputs, attrs)
+        where = f"{self.name} vjp rule for {op!r}"
+        if len(cotangents) != len(outs):
+            raise SpecError(f"{where}: {len(cotangents)} cotangent(s) for {len(outs)} output(s)")
+        cots: Grads = []
+        for k, (c, (shape, dtype)) in enumerate(zip(cotangents, outs)):
+            if (c is None) == dt.is_float(dtype):
+                raise SpecError(f"{where}: output {k} ({dtype}) needs "
+                                + ("a cotangent" if dt.is_float(dtype) else "None"))
+            if c is not None and tuple(np.shape(c)) != tuple(shape):
+                raise SpecError(f"{where}: cotangent {k} has shape {np.shape(c)}, output {tuple(shape)}")
+            cots.append(None if c is None else np.asarray(c, np.float64))
+        with np.errstate(all="ignore"):
+            res = list(rule.vjp(xs, attrs, cots))
+        return _check_grads(where, "input", res, [x.shape for x in xs], diff)
+
+    def run_jvp(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None,
+                tangents: Sequence[np.ndarray | None]) -> Grads:
+        """J·v: one float64 tangent per output (None for a non-floating output), from one tangent
+        per input (None exactly for the non-differentiable inputs)."""
+        rule, xs, attrs, outs, diff = self._derivative_call(op, inputs, attrs)
+        where = f"{self.name} jvp rule for {op!r}"
+        if len(tangents) != len(xs):
+            raise SpecError(f"{where}: {len(tangents)} tangent(s) for {len(xs)} input(s)")
+        tans: Grads = []
+        for k, (t, x, d) in enumerate(zip(tangents, xs, diff)):
+            if (t is None) == d:
+                raise SpecError(f"{where}: input {k} needs " + ("a tangent" if d else "None"))
+            if t is not None and np.shape(t) != x.shape:
+                raise SpecError(f"{where}: tangent {k} has shape {np.shape(t)}, input {x.shape}")
+            tans.append(None if t is None else np.asarray(t, np.float64))
+        with np.errstate(all="ignore"):
+            res = list(rule.jvp(xs, attrs, tans))
+        return _check_grads(where, "output", res, [s for s, _ in outs],
+                            [dt.is_float(d) for _, d in outs], exact_none=True)
+
+    def smooth_radius(self, op: str, inputs: Sequence[np.ndarray],
+                      attrs: Mapping[str, Any] | None) -> Grads:
+        """Per input, the per-element radius of the box on which ``op`` is smooth at this point
+        (DerivativeRule.radius; None: unbounded, or a non-differentiable input)."""
+        rule, xs, attrs, _, diff = self._derivative_call(op, inputs, attrs)
+        if rule.radius is None:
+            return [None] * len(xs)
+        with np.errstate(all="ignore"):
+            res = list(rule.radius(xs, attrs))
+        return _check_grads(f"{self.name} radius of {op!r}", "input", res, [x.shape for x in xs], diff)
+
+    def rule_condition(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None) -> float:
+        """The amplification of rounding in ``op``'s rules at this point (DerivativeRule.condition;
+        1 where the rule declares none)."""
+        rule, xs, attrs, _, _ = self._derivative_call(op, inputs, attrs)
+        if rule.condition is None:
+            return 1.0
+        with np.errstate(all="ignore"):
+            return max(1.0, float(rule.condition(xs, attrs)))
+
     def entry(self, op: str) -> KernelEntry:
+
         try:
             return self.kernels[op]
         except KeyError:
@@ -277,3 +420,25 @@ def check_inputs_unchanged(backend: str, spec: OpSpec, pristine: Sequence[np.nda
         if not same:
             raise KernelContractError(f"{where}: modified input {k} ({name}) in place; kernels must "
                                       "not write to their inputs")
+
+
+def _check_grads(where: str, what: str, res: list[Any], shapes: Sequence[tuple[int, ...]],
+                 allowed: Sequence[bool], exact_none: bool = False) -> Grads:
+    """A rule's results: one per input (output), of its shape, as float64; None where ``allowed``
+    is false (and, with ``exact_none``, only there)."""
+    if len(res) != len(shapes):
+        raise KernelContractError(f"{where}: returned {len(res)} result(s) for {len(shapes)} {what}(s)")
+    out: Grads = []
+    for k, (r, shape, ok) in enumerate(zip(res, shapes, allowed)):
+        if r is None:
+            if ok and exact_none:
+                raise KernelContractError(f"{where}: returned None for floating {what} {k}")
+            out.append(None)
+            continue
+        if not ok:
+            raise KernelContractError(f"{where}: returned a value for {what} {k}, which has no derivative")
+        r = np.asarray(r, np.float64)
+        if r.shape != tuple(shape):
+            raise KernelContractError(f"{where}: {what} {k} has shape {r.shape}, expected {tuple(shape)}")
+        out.append(r)
+    return out

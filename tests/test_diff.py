@@ -204,3 +204,83 @@ def test_cli_bad_input_exits_2(argv, tmp_path, capsys):
         argv = argv[:1] + [d, d] + argv[3:]
     assert cli.main(argv + ["--no-lock"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def _sel(**kw):
+    """A run.selection as run/session.selection writes it (the fields diff reads)."""
+    return {"ops": None, "dtypes": None, "backend": ["mlx"], "devices": ["cpu"], "modes": ["eager"], "tf32": "env",
+            "shard": None, "sample": 1, "case": None, "cases_dir": None, **kw}
+
+
+def _run_meta(targets, **sel):
+    return {"start": "2026-01-01T00:00:00+00:00", "targets": targets, "selection": _sel(**sel)}
+
+
+def test_a_subset_is_compared_over_its_selection_and_counts_the_rest(tmp_path):
+    """A --ops subset of a whole baseline: the baseline's other ops are counted as not run in this
+    subset, not listed as removed (diff.json stays small); a case of the subset's own op that the
+    new run lacks is still removed; the diff says what the subset was."""
+    base = [result("exp", n=k) for k in (1, 2, 3)] + [result("log", n=k) for k in range(1, 51)]
+    new = [result("exp", n=1), result("exp", outcome="fail", n=2)]
+    b = records.load(write(tmp_path / "base", base))
+    n = records.load(write(tmp_path / "new", new, _run_meta(["mlx-cpu-eager"], ops=["exp"])))
+    d = compare(b, n)
+    assert d.removed == [result("exp", n=3).id] and d.not_in_subset == 50
+    assert ids(d.new_failures) == [result("exp", n=2).id]
+    doc = d.to_json()
+    assert doc["subset"]["ops"] == ["exp"] and doc["counts"]["not_in_subset"] == 50
+    assert not any("log/" in i for i in doc["removed"]) and len(json.dumps(doc)) < 3000
+    assert d.subset.describe() == "ops exp; targets mlx-cpu-eager"
+
+
+def test_a_subset_by_dtype_and_target_and_one_without_a_recorded_selection(tmp_path):
+    """--dtypes and --mode subsets (the targets the run had), and a run from a front that records
+    no selection (nightly --ops, the pytest plugin): its ops, dtypes and targets are read off its
+    records, and the description says so."""
+    base = ([result(dtype="float32", n=k) for k in (1, 2)] + [result(dtype="float16", n=k) for k in (1, 2)]
+            + [result(dtype="float32", mode="lazy", n=k) for k in (1, 2)])
+    new = [result(dtype="float32", n=1)]
+    b = records.load(write(tmp_path / "base", base))
+    for name, run in (("dtypes", _run_meta(["mlx-cpu-eager"], dtypes=["float32"])),
+                      ("plain", {"start": "2026-01-01T00:00:00+00:00", "targets": ["mlx-cpu-eager"]})):
+        d = compare(b, records.load(write(tmp_path / name, new, run)))
+        assert d.removed == [result(dtype="float32", n=2).id] and d.not_in_subset == 4, name
+    assert d.subset.describe() == "ops exp; dtypes float32; targets mlx-cpu-eager (inferred from its records)"
+
+
+def test_a_shard_calls_nothing_removed(tmp_path):
+    """A shard holds part of every op: a baseline case it lacks may be another shard's, so it is
+    counted as not in the subset, never removed."""
+    base = [result(n=k) for k in range(1, 7)]
+    new = [result(n=k) for k in (1, 3, 5)]
+    b = records.load(write(tmp_path / "base", base))
+    d = compare(b, records.load(write(tmp_path / "new", new, _run_meta(["mlx-cpu-eager"], shard="1/2"))))
+    assert d.removed == [] and d.not_in_subset == 3 and "shard 1/2" in d.subset.describe()
+    whole = compare(b, records.load(write(tmp_path / "whole", new, _run_meta(["mlx-cpu-eager"]))))
+    assert whole.subset is None and len(whole.removed) == 3  # the whole selection: they are removed
+
+
+def test_cli_lists_outcome_changes_regressions_first_ids_unbroken(tmp_path, capsys, monkeypatch):
+    """The terminal lists every outcome change: each case id whole on its line (at 40 columns too),
+    old → new outcome before it, the message on a line of its own; regressions before fixes.
+    --format json is the same diff as one document on stdout."""
+    monkeypatch.setenv("COLUMNS", "40")
+    long_n = 123456789  # a long id
+    b = write(tmp_path / "base", [result(n=long_n), result(outcome="fail", n=2), result(n=3, outcome="xfail"),
+                                  result(n=4, outcome="skip")])
+    nw = write(tmp_path / "new", [result(outcome="fail", n=long_n, message="values differ at [0]: 1 vs 2"),
+                                  result(n=2), result(n=3, outcome="pass"), result(n=4, outcome="pass")])
+    assert cli.main(["diff", str(b), str(nw), "--no-lock"]) == 1
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    failing = result(n=long_n).id
+    i = next(k for k, ln in enumerate(lines) if ln.endswith(failing))
+    assert "pass → fail" in lines[i] and lines[i + 1].strip() == "values differ at [0]: 1 vs 2"
+    fixed = [k for k, ln in enumerate(lines) if ln.endswith((result(n=2).id, result(n=3).id))]
+    assert len(fixed) == 2 and all(k > i for k in fixed)
+    assert any(ln.endswith(result(n=4).id) and "skip → pass" in ln for ln in lines)
+    assert cli.main(["diff", str(b), str(nw), "--no-lock", "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "rlx-conformance/diff/v1" and ids(doc["new_failures"]) == [failing]
+    assert ids(doc["fixed"]) == sorted([result(n=2).id, result(n=3).id])
+    assert doc["outcome_changes"] == [{"id": result(n=4).id, "base": "skip", "new": "pass"}]

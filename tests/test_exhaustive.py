@@ -2,11 +2,14 @@
 report, and crash isolation (a worker killed by a signal is a crash row; the sweep goes on)."""
 from __future__ import annotations
 
+import configparser
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from rlx_conformance.cli import main as cli
 from rlx_conformance.generate.matrix import Target
 from rlx_conformance.run import exhaustive as ex
 
@@ -91,3 +94,59 @@ def test_crash_is_isolated(tmp_path):
     assert rows[("neg", "bfloat16", str(TARGET))]["outcome"] == "pass"
     assert rows[("abs", "float16", str(TARGET))]["outcome"] == "pass"
     assert doc["failed"]
+
+
+def test_selected_dtypes_follow_the_dtype_globs():
+    """One --dtypes means the same to `run --exhaustive` and `exhaustive`: the 16-bit floats it
+    matches, float32 only with a sample."""
+    assert ex.selected_dtypes(None) == ["float16", "bfloat16"]
+    assert ex.selected_dtypes(["*float16"]) == ["float16", "bfloat16"]
+    assert ex.selected_dtypes(["float32", "int8"]) == []
+    assert ex.selected_dtypes(["float32"], f32_sample=64) == ["float32"]
+    assert ex.selected_dtypes(None, f32_sample=64) == ["float16", "bfloat16", "float32"]
+
+
+def test_a_shard_sweeps_its_part_of_the_jobs(tmp_path):
+    """--shard I/N sweeps every N-th (op, dtype) job: the shards together sweep each job once."""
+    rows = []
+    for i in (1, 2):
+        doc = ex.run_exhaustive([TARGET], ["neg", "abs"], ["float16"], None, workers=1, cache_dir=tmp_path,
+                                reference=False, shard=(i, 2))
+        assert doc["run"]["shard"] == f"{i}/2" and len(doc["rows"]) == 1
+        rows += [r["op"] for r in doc["rows"]]
+    assert sorted(rows) == ["abs", "neg"]
+
+
+def test_run_exhaustive_sweeps_the_runs_selection_into_its_report(tmp_path, monkeypatch, capsys):
+    """`run --exhaustive` (tox -e mlx's one command): the run's --ops/--dtypes/--mode select the
+    sweep, which writes REPORT/exhaustive.json beside results.json; its table follows the run's
+    summary; --format json carries its summary; a selection with nothing to sweep says so."""
+    monkeypatch.setenv("RLX_CONFORMANCE_CACHE", str(tmp_path / "cache"))
+    report = tmp_path / "r"
+    argv = ["run", "--ops", "neg", "--dtypes", "float16", "--mode", "lazy", "--workers", "1", "--no-progress",
+            "--no-bundles", "--exhaustive", "--report", str(report)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert text.index(f"results: {report / 'results.json'}") < text.index(f"report: {report / 'exhaustive.json'}")
+    doc = json.loads((report / "exhaustive.json").read_text())
+    assert {(r["op"], r["dtype"], r["target"]) for r in doc["rows"]} == {
+        ("neg", "float16", "cpu-cpu-eager"), ("neg", "float16", str(TARGET))}
+    assert cli.main([*argv[:-1], str(tmp_path / "j"), "--format", "json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["exit"] == 0 and run["exhaustive"]["summary"]["total"] == 2
+    assert run["exhaustive"]["path"] == str(tmp_path / "j" / "exhaustive.json")
+    argv = ["run", "--ops", "add", "--dtypes", "int8", "--mode", "lazy", "--workers", "1", "--no-progress",
+            "--no-bundles", "--exhaustive", "--report", str(tmp_path / "none")]
+    assert cli.main(argv) == 0
+    assert "exhaustive: skipped (--dtypes selects neither float16 nor bfloat16)" in capsys.readouterr().out
+    assert not (tmp_path / "none" / "exhaustive.json").exists()
+
+
+def test_tox_mlx_is_one_command_that_passes_its_options_to_the_sweep():
+    """tox -e mlx -- OPTIONS: one `run ... --exhaustive {posargs}`, so --ops, --report and the rest
+    reach the sweep too (no second command with its own defaults)."""
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(Path(__file__).resolve().parent.parent / "tox.ini")
+    commands = [c for c in tox["testenv:mlx"]["commands"].splitlines() if c.strip()]
+    assert len(commands) == 1 and "--exhaustive" in commands[0] and commands[0].rstrip().endswith("{posargs}")
+    assert commands[0].split()[:2] == ["rlx-conformance", "run"]

@@ -21,6 +21,7 @@ from rlx_conformance.cli import main as cli
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.judge.stability import classify
+from rlx_conformance.run.exhaustive import run_exhaustive
 from rlx_conformance.run.merge import merge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,7 @@ def runs(tmp_path_factory):
     env = dict(os.environ, RLX_CONFORMANCE_CASES=str(cases))
 
     def cli_run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rlx_conformance", *args], env=env, cwd=root,
+        return subprocess.run([sys.executable, "-m", "rlx_conformance", *args], check=False, env=env, cwd=root,
                               capture_output=True, text=True, timeout=600)
 
     out = {"whole": cli_run(*RUN, "--report", str(root / "whole"))}
@@ -172,3 +173,64 @@ def test_a_case_in_two_reports_must_agree(tmp_path):
     c = report(tmp_path / "c", "2/2", record(cid, outcome="fail", message="boom"))
     with pytest.raises(RlxError, match=r"different results \(message, outcome\)"):
         merge(tmp_path / "out", [a, c])
+
+
+def _selection(**kw):
+    """A run.selection as session.selection and execute write it."""
+    return {"ops": ["neg"], "dtypes": None, "backend": ["mlx"], "devices": ["cpu"], "modes": ["eager"],
+            "tf32": "env", "sample": 1, "case": None, "cases_dir": None, "shard": None, **kw}
+
+
+def selected(path: Path, shard: str, sel: dict, *recs: res.CaseResult, version: str = "1.0") -> Path:
+    meta = {"shard": shard, "selection": {**sel, "shard": shard}, "harness": {"version": version}}
+    res.write_results(path / "results.json", meta, list(recs), classify(list(recs)))
+    return path
+
+
+@pytest.mark.parametrize(("key", "other", "option", "shown"), [
+    ("ops", ["neg", "exp"], "--ops", "neg,exp"), ("modes", ["lazy"], "--mode", "lazy"),
+    ("dtypes", ["float32"], "--dtypes", "float32"), ("backend", ["other"], "--backend", "other"),
+    ("devices", ["gpu"], "--device", "gpu"), ("tf32", "on", "--tf32", "on"), ("sample", 2, "--sample", "2"),
+    ("cases_dir", "/my/cases", "--cases", "/my/cases"), ("case", ["neg/x"], "--case", "neg/x")])
+def test_refuses_shards_of_different_selections(tmp_path, capsys, key, other, option, shown):
+    """Shards made with another --ops, --mode, ... are not parts of one run: a one-line error
+    naming the option and both values (exit 2); shards of one selection still merge."""
+    a = selected(tmp_path / "a", "1/2", _selection(), record("neg/float32/shape:3/vals:random/mlx-cpu-eager"))
+    b = selected(tmp_path / "b", "2/2", _selection(**{key: other}), record("neg/float32/shape:4/vals:random/mlx-cpu-eager"))
+    with pytest.raises(RlxError, match=f"{option} is .* in .* but {shown} in ") as e:
+        merge(tmp_path / "out", [a, b])
+    assert "\n" not in str(e.value)
+    assert cli.main(["merge", str(tmp_path / "out"), str(a), str(b)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "error: shards of different selections" in err and len(err.splitlines()) == 1
+    same = selected(tmp_path / "c", "2/2", _selection(), record("neg/float32/shape:4/vals:random/mlx-cpu-eager"))
+    m = merge(tmp_path / "out", [a, same])
+    assert len(m.results) == 2 and m.meta["selection"] == _selection()  # the whole selection, no shard
+
+
+def test_refuses_shards_of_different_harness_versions_and_prints_json(tmp_path, capsys):
+    a = selected(tmp_path / "a", "1/2", _selection(), record("neg/float32/shape:3/vals:random/mlx-cpu-eager"))
+    b = selected(tmp_path / "b", "2/2", _selection(), record("neg/float32/shape:4/vals:random/mlx-cpu-eager"),
+                 version="2.0")
+    with pytest.raises(RlxError, match="harness version is 1.0 in .* but 2.0 in "):
+        merge(tmp_path / "out", [a, b])
+    b = selected(tmp_path / "b", "2/2", _selection(), record("neg/float32/shape:4/vals:random/mlx-cpu-eager"))
+    assert cli.main(["merge", str(tmp_path / "out"), str(a), str(b), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "rlx-conformance/merge/v1" and doc["summary"]["total"] == 2 and doc["exit"] == 0
+    assert doc["results"] == str(tmp_path / "out" / "results.json")
+
+
+def test_the_shards_sweeps_merge_with_them(tmp_path):
+    """run --shard I/N --exhaustive: each shard swept its part of the jobs into its exhaustive.json;
+    the merge writes one exhaustive.json with every row."""
+    dirs = []
+    for i in (1, 2):
+        d = selected(tmp_path / f"s{i}", f"{i}/2", _selection(),
+                     record(f"neg/float32/shape:{i + 2}/vals:random/mlx-cpu-eager"))
+        run_exhaustive([], ["neg", "abs"], ["float16"], d, workers=1, cache_dir=tmp_path / "cache", shard=(i, 2))
+        dirs.append(d)
+    merge(tmp_path / "out", dirs)
+    doc = json.loads((tmp_path / "out" / "exhaustive.json").read_text())
+    assert sorted(r["op"] for r in doc["rows"]) == ["abs", "neg"] and doc["summary"]["total"] == 2
+    assert "shard" not in doc["run"] and not doc["failed"]

@@ -103,7 +103,7 @@ def test_stale_entry_fails_an_xdist_session(session_dir):
     assert "known divergence fake-stale-int32-add no longer reproduces" in out
     # the controller wrote the whole session's results.json: every worker's records
     recs = results(session_dir)
-    assert len(recs) == 36 and {r["op"] for r in recs} == {"add", "sub"}
+    assert len(recs) == 40 and {r["op"] for r in recs} == {"add", "sub"}
     assert {r["outcome"] for r in recs if r["op"] == "add"} == {"xpass"}
     assert {r["outcome"] for r in recs if r["op"] == "sub"} == {"pass"}
     # the record that carried each result to the controller is not a JUnit property

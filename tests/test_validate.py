@@ -183,6 +183,7 @@ def test_known_divergence_shared_with_builtin_is_xfail_and_strict_fails(tmp_path
     rs = results(tmp_path)
     xf = [r for r in rs.values() if r["outcome"] == "xfail"]
     assert xf and all("built-in kernel fails this case too" in r["message"] for r in xf)
+    assert all(r["origin"] == f"{KERNELS}:sign_like_builtin" for r in xf)  # excused, still named
     assert code == 0
     code, doc, _, _ = validate(tmp_path, "sign", f"{KERNELS}:sign_like_builtin", "--dtypes", "float32", "--strict")
     rs = results(tmp_path)
@@ -401,3 +402,51 @@ def test_fuzz_does_not_excuse_a_failure_the_built_in_shares_only_in_name(tmp_pat
     assert code == 1
     assert doc["fuzz"]["failure"]["outcome"] == "fail" and doc["fuzz"]["known_divergences"] == 0
     assert doc["fuzz"]["failure"]["nonfinite_mismatches"] >= 1
+
+
+# -- every outcome kind names and embeds the contributed kernel (issue 15 item 3) -----------------
+def test_every_bad_outcome_names_and_embeds_the_contributed_kernel(tmp_path, capsys):
+    """fail, error, contract, crash and timeout: each record names the contributed kernel as its
+    origin, the printed rerun hint passes that kernel (``--kernel '<spec>'``) with the case id on
+    a line of its own, and the case's repro bundle runs that kernel (its repro.py reproduces the
+    failure, it does not report FIXED as the built-in kernel would)."""
+    kernel = f"{KERNELS}:every_outcome"
+    code, doc, out, _ = validate(tmp_path, "hard_sigmoid", kernel, "--dtypes", "float32", "--timeout", "2",
+                                 "--show", "20", capsys=capsys)
+    assert code == 1
+    rs = results(tmp_path)
+    by_outcome: dict[str, list[dict]] = {}
+    for r in rs.values():
+        assert r["origin"] == kernel, (r["id"], r["origin"])
+        by_outcome.setdefault(r["outcome"], []).append(r)
+    assert {"pass", "fail", "error", "contract", "crash", "timeout"} <= set(by_outcome), sorted(by_outcome)
+    lines = out.splitlines()
+    for outcome in ("fail", "error", "contract", "crash", "timeout"):
+        r = by_outcome[outcome][0]
+        hint = f"rerun: rlx-conformance validate hard_sigmoid --kernel '{kernel}' --device cpu --mode eager " \
+               f"--case '{r['id']}'"
+        assert any(line.strip() == hint for line in lines), (outcome, out)
+        bad = next(b for b in doc["bad"] if b["id"] == r["id"])
+        assert f"--kernel '{kernel}'" in bad["rerun"]
+        bundle = tmp_path / "report" / r["repro"]
+        assert "def every_outcome(" in (bundle / "repro.py").read_text(), outcome
+        p = subprocess.run([sys.executable, str(bundle / "repro.py"), "--timeout", "3"], check=False, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode != 0 and "FIXED" not in p.stdout, (outcome, p.returncode, p.stdout, p.stderr)
+        if outcome in ("fail", "error", "contract"):
+            assert "STILL FAILS" in p.stdout, (outcome, p.stdout, p.stderr)
+
+
+def test_fuzz_shrinks_shapes_and_values_of_an_op_with_a_generate_hook(tmp_path, capsys):
+    """GatherND draws its indices through its generate hook; its fuzz failure still shrinks to
+    the smallest shapes that show the bug (a batch of 2, one element each) and prints the
+    shrunk inputs' values. The port forgets the batch offset, which only a batch > 1 reveals."""
+    code, doc, out, _ = validate(tmp_path, "onnx.GatherND", f"{KERNELS}:gather_nd_first_try", "--case",
+                                 "onnx.GatherND/float32/shape:10+4x1/batch_dims:0/vals:special/mlx-cpu-eager",
+                                 "--fuzz", "60", "--derandomize", capsys=capsys)
+    assert code == 1 and doc["summary"]["pass"] == 1  # the one matrix case has batch_dims 0
+    fail = doc["fuzz"]["failure"]
+    assert fail["attrs"]["batch_dims"] >= 1
+    assert sum(int(np.prod(s)) for s in fail["input_shapes"]) <= 6, fail["input_shapes"]
+    assert fail["inputs"] is not None and len(fail["inputs"]) == 2
+    assert f"inputs {fail['inputs']}" in " ".join(out.split()) or "shrunk inputs:" in out

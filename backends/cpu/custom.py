@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
+from rlx_conformance.backends.cpu._grad import selection_radius
+from rlx_conformance.backends.cpu.reduce import exclusive_products
+from rlx_conformance.judge.custom_checks import scatter_targets
 from rlx_conformance.spec import csr
 
 kernel = BACKEND.kernel
@@ -98,3 +101,186 @@ def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     a = _a(values, col_idx, row_ptr, b.shape[0])
     x, _, _ = csr.cg(a, b.astype(np.float64), max_iter, tol)
     return x.astype(values.dtype)
+
+
+# -- reference derivatives (float64) ---------------------------------------------------------------
+vjp = BACKEND.vjp
+jvp = BACKEND.jvp
+
+
+def _source_positions(gather, data: np.ndarray, *index_args, **attrs) -> np.ndarray:
+    """The flat data position each output element of a gather reads: the gather itself applied
+    to the positions (its index semantics, checked against onnx.reference, once)."""
+    return gather(np.arange(data.size).reshape(data.shape), *index_args, **attrs)
+
+
+def _gather_rules(op: str, gather) -> None:
+    """A gather's cotangent is scattered back with accumulation: every output that reads a data
+    element adds its cotangent to it (repeated indices accumulate)."""
+    def _vjp(inputs, attrs, cots):
+        data, indices = inputs
+        pos = _source_positions(gather, data, indices, **attrs)
+        g = np.zeros(data.size)
+        np.add.at(g, pos.ravel(), cots[0].ravel())
+        return [g.reshape(data.shape), None]
+
+    def _jvp(inputs, attrs, tans):
+        return [gather(tans[0], inputs[1], **attrs)]
+
+    vjp(op, convention="indices have no derivative; repeated indices accumulate every cotangent "
+        "that reads them")(_vjp)
+    jvp(op)(_jvp)
+
+
+_gather_rules("onnx.GatherElements", gather_elements)
+_gather_rules("onnx.GatherND", gather_nd)
+
+
+def _segments(t: np.ndarray) -> list[np.ndarray]:
+    """The update elements of each target cell, in update order."""
+    order = np.argsort(t, kind="stable")
+    cuts = np.flatnonzero(np.diff(t[order])) + 1
+    return np.split(order, cuts) if t.size else []
+
+
+def _scatter_parts(op: str, inputs, attrs):
+    data, indices, updates = inputs
+    t = scatter_targets(op, data, indices, updates, attrs)
+    return data.ravel(), t, updates.ravel()
+
+
+def _scatter_rules(op: str) -> None:
+    """ScatterElements / ScatterND, over each update element's flat target (scatter_targets).
+    none: the data's cotangent is zero where an update overwrites it (duplicates are undefined
+    and masked); add: both pass the cotangent through; mul: the product of the other factors (no
+    division); max/min: ties between the candidates of a cell share its cotangent equally."""
+    def _vjp(inputs, attrs, cots):
+        d, t, w = _scatter_parts(op, inputs, attrs)
+        u = cots[0].ravel()
+        red = attrs["reduction"]
+        gd, gw = u.copy(), u[t].copy()
+        if red == "none":
+            gd[t] = 0.0
+        elif red == "mul":
+            for seg in _segments(t):
+                p = t[seg[0]]
+                gd[p] = u[p] * np.prod(w[seg])
+                gw[seg] = u[p] * d[p] * exclusive_products(w[seg])
+        elif red in ("max", "min"):
+            for seg in _segments(t):
+                p = t[seg[0]]
+                cand = np.concatenate([[d[p]], w[seg]])
+                best = cand.max() if red == "max" else cand.min()
+                share = (cand == best) / np.sum(cand == best)
+                gd[p] = u[p] * share[0]
+                gw[seg] = u[p] * share[1:]
+        return [gd.reshape(inputs[0].shape), None, gw.reshape(inputs[2].shape)]
+
+    def _jvp(inputs, attrs, tans):
+        d, t, w = _scatter_parts(op, inputs, attrs)
+        td, tw = tans[0].ravel().copy(), tans[2].ravel()
+        red = attrs["reduction"]
+        if red == "none":
+            td[t] = tw
+        elif red == "add":
+            np.add.at(td, t, tw)
+        elif red == "mul":  # forward mode through the updates in order
+            val = d.copy()
+            for j, p in enumerate(t):
+                val[p], td[p] = val[p] * w[j], td[p] * w[j] + val[p] * tw[j]
+        else:
+            for seg in _segments(t):
+                p = t[seg[0]]
+                cand = np.concatenate([[d[p]], w[seg]])
+                best = cand.max() if red == "max" else cand.min()
+                hit = cand == best
+                td[p] = np.sum(np.concatenate([[td[p]], tw[seg]])[hit]) / np.sum(hit)
+        return [td.reshape(inputs[0].shape)]
+
+    def _radius(inputs, attrs):
+        if attrs["reduction"] not in ("max", "min"):
+            return [None, None, None]
+        d, t, w = _scatter_parts(op, inputs, attrs)
+        sign = 1.0 if attrs["reduction"] == "max" else -1.0
+        rd, rw = np.full(d.shape, np.inf), np.full(w.shape, np.inf)
+        for seg in _segments(t):
+            p = t[seg[0]]
+            r = selection_radius(sign * np.concatenate([[d[p]], w[seg]]))
+            rd[p], rw[seg] = r[0], r[1:]
+        return [rd.reshape(inputs[0].shape), None, rw.reshape(inputs[2].shape)]
+
+    vjp(op, convention="indices have no derivative; reduction none: duplicate targets are "
+        "undefined (masked), so are their derivatives; max/min: ties share the cotangent equally "
+        "(as reduce_max)", radius=_radius)(_vjp)
+    jvp(op)(_jvp)
+
+
+_scatter_rules("onnx.ScatterElements")
+_scatter_rules("onnx.ScatterND")
+
+
+@vjp("rlx_sparse.mat_vec", convention="the CSR structure (col_idx, row_ptr) has no derivative")
+def mat_vec_vjp(inputs, attrs, cots):
+    """y = A x: d/d values_k = u[row k] x[col k], d/dx = Aᵀ u."""
+    values, col_idx, row_ptr, x = inputs
+    rows, cols = csr.row_ids(row_ptr), col_idx.astype(np.int64)
+    u = cots[0]
+    return [u[rows] * x[cols], None, None, np.bincount(cols, values * u[rows], minlength=x.size)]
+
+
+@jvp("rlx_sparse.mat_vec")
+def mat_vec_jvp(inputs, attrs, tans):
+    values, col_idx, row_ptr, x = inputs
+    tv, tx = tans[0], tans[3]
+    return [_a(tv, col_idx, row_ptr, x.size) @ x + _a(values, col_idx, row_ptr, x.size) @ tx]
+
+
+@vjp("rlx_sparse.values_grad")
+def values_grad_vjp(inputs, attrs, cots):
+    """out_k = u[row k] v[col k]: d/du sums w v[col] per row, d/dv sums w u[row] per column."""
+    col_idx, row_ptr, u, v = inputs
+    rows, cols = csr.row_ids(row_ptr), col_idx.astype(np.int64)
+    w = cots[0]
+    return [None, None, np.bincount(rows, w * v[cols], minlength=u.size),
+            np.bincount(cols, w * u[rows], minlength=v.size)]
+
+
+@jvp("rlx_sparse.values_grad")
+def values_grad_jvp(inputs, attrs, tans):
+    col_idx, row_ptr, u, v = inputs
+    rows, cols = csr.row_ids(row_ptr), col_idx.astype(np.int64)
+    return [tans[2][rows] * v[cols] + u[rows] * tans[3][cols]]
+
+
+def _sparse_dense(values, col_idx, row_ptr, n) -> np.ndarray:
+    return _a(values, col_idx, row_ptr, n).toarray()
+
+
+@vjp("rlx_sparse.lu_solve", convention="the CSR structure has no derivative; a singular A has none",
+     radius=lambda xs, attrs: [_sparse_radius(*xs[:3], xs[3].size), None, None, None],
+     condition=lambda xs, attrs: float(np.linalg.cond(_sparse_dense(*xs[:3], xs[3].size)))
+     if xs[3].size else 1.0)
+def lu_solve_vjp(inputs, attrs, cots):
+    """x = A⁻¹ b: gb = A⁻ᵀ u (a transposed solve), d/d values_k = -gb[row k] x[col k]."""
+    values, col_idx, row_ptr, b = inputs
+    a = _a(values, col_idx, row_ptr, b.size)
+    x = csr.lu_solve(a, b, "rlx_sparse.lu_solve")
+    gb = csr.lu_solve(a.T.tocsr(), cots[0], "rlx_sparse.lu_solve")
+    return [-gb[csr.row_ids(row_ptr)] * x[col_idx.astype(np.int64)], None, None, gb]
+
+
+@jvp("rlx_sparse.lu_solve")
+def lu_solve_jvp(inputs, attrs, tans):
+    """dx = A⁻¹ (db - dA x), dA the tangent's values on A's structure."""
+    values, col_idx, row_ptr, b = inputs
+    a = _a(values, col_idx, row_ptr, b.size)
+    x = csr.lu_solve(a, b, "rlx_sparse.lu_solve")
+    return [csr.lu_solve(a, tans[3] - _a(tans[0], col_idx, row_ptr, b.size) @ x, "rlx_sparse.lu_solve")]
+
+
+def _sparse_radius(values, col_idx, row_ptr, n) -> np.ndarray:
+    """sigma_min / sqrt(nnz): moving the stored entries by less keeps A nonsingular."""
+    if not values.size:
+        return np.full(values.shape, np.inf)
+    s = np.linalg.svd(_sparse_dense(values, col_idx, row_ptr, n), compute_uv=False)
+    return np.full(values.shape, s[-1] / np.sqrt(values.size))

@@ -15,9 +15,12 @@ import numpy as np
 import scipy.special as sp
 
 from rlx_conformance.backends.cpu import BACKEND
+from rlx_conformance.backends.cpu._grad import unary_rule, unbroadcast, unbroadcast_min
 from rlx_conformance.core import dtypes as dt
 
 kernel = BACKEND.kernel
+vjp = BACKEND.vjp
+jvp = BACKEND.jvp
 
 
 def _f64(fn):
@@ -174,6 +177,94 @@ for _name, _fn in ACTIVATIONS.items():
     kernel(_name)(_f64(_fn))
 
 
+# -- activations: reference derivatives (f'(x), float64) -----------------------------------------
+# Conventions at the points where an activation has no derivative follow PyTorch's documented
+# backward formulas (torch/csrc/autograd/FunctionsManual.cpp, derivatives.yaml), which JAX and MLX
+# share for relu; each radius is the distance to that point (or to a pole), so finite
+# differences never straddle it.
+_SQRT_2PI = math.sqrt(2 * math.pi)
+
+
+def _sigmoid(x):
+    """1 / (1 + e^-x) without overflow: e^x / (1 + e^x) for x < 0, where scipy's expit returns 0
+    instead of a subnormal below x = -709.78 (found by the MPFR check of mish' and softplus')."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _phi(x):
+    return np.exp(-0.5 * x * x) / _SQRT_2PI
+
+
+def _sech2(x):
+    """1 - tanh(x)^2 without the cancellation near saturation: 1 / cosh(x)^2."""
+    return 1.0 / np.cosh(x) ** 2
+
+
+def _gelu_d(x):
+    """Phi(x) + x phi(x), Phi(x) = erfc(-x/sqrt2)/2 (no cancellation for x < 0)."""
+    return 0.5 * _erfc(-x * _RSQRT2[0]) + x * _phi(x)
+
+
+def _gelu_approx_d(x):
+    """d/dx x sigmoid(2z), z = c (x + a x^3): sigmoid(2z) + x sigmoid(2z) sigmoid(-2z) 2c(1 + 3a x^2)."""
+    z2 = 2 * _C1[0] * (x + _C2[0] * x ** 3)
+    return _sigmoid(z2) + x * _sigmoid(z2) * _sigmoid(-z2) * 2 * _C1[0] * (1 + 3 * _C2[0] * x * x)
+
+
+def _mish_d(x):
+    """tanh(sp) + x sech^2(sp) sigmoid(x), sp = softplus(x)."""
+    s = np.logaddexp(0.0, x)
+    return np.tanh(s) + x * _sech2(s) * _sigmoid(x)
+
+
+def _tan_pole(x):
+    """Distance to the nearest pole pi/2 + k pi of tan."""
+    k = np.round((x - np.pi / 2) / np.pi)
+    return np.abs(x - (np.pi / 2 + k * np.pi))
+
+
+_KINK_AT_ZERO = np.abs  # relu, abs, log, sqrt, rsqrt, recip, elu, softsign: at 0
+_GRAD_RULES = {
+    "gelu": (_gelu_d, "", None),
+    "gelu_approx": (_gelu_approx_d, "", None),
+    "silu": (lambda x: _sigmoid(x) * (1 + x * _sigmoid(-x)), "", None),
+    "relu": (lambda x: (x > 0).astype(np.float64),
+             "relu'(0) = 0 (PyTorch threshold_backward, JAX, MLX)", _KINK_AT_ZERO),
+    "sigmoid": (lambda x: _sigmoid(x) * _sigmoid(-x), "", None),
+    "tanh": (_sech2, "", None),
+    "exp": (np.exp, "", None),
+    "log": (lambda x: 1 / x, "log'(0) = +inf; a pole at 0", _KINK_AT_ZERO),
+    "sqrt": (lambda x: 0.5 / np.sqrt(x), "sqrt'(0) = +inf (PyTorch); a branch point at 0", _KINK_AT_ZERO),
+    "rsqrt": (lambda x: -0.5 / np.sqrt(x) / x, "rsqrt'(0) = -inf; a pole at 0", _KINK_AT_ZERO),
+    "neg": (lambda x: -np.ones_like(x), "", None),
+    "abs": (np.sign, "abs'(0) = 0 (PyTorch sgn, JAX)", _KINK_AT_ZERO),
+    "sin": (np.cos, "", None),
+    "cos": (lambda x: -np.sin(x), "", None),
+    "tan": (lambda x: 1 / np.cos(x) ** 2, "poles at pi/2 + k pi", _tan_pole),
+    "atan": (lambda x: 1 / (1 + x * x), "", None),
+    "recip": (lambda x: -(1 / x) * (1 / x), "a pole at 0", _KINK_AT_ZERO),
+    "softplus": (_sigmoid, "", None),
+    "elu": (lambda x: np.where(x > 0, 1.0, np.exp(x)),
+            "elu'(0) = 1 (both sides agree: C1, the second derivative jumps at 0)", _KINK_AT_ZERO),
+    "erf": (lambda x: 2 / math.sqrt(math.pi) * np.exp(-x * x), "", None),
+    # PyTorch hardswish_backward: 0 below -3, (2x + 3)/6 on [-3, 3], 1 above
+    "hard_swish": (lambda x: np.where(x < -3, 0.0, np.where(x <= 3, (2 * x + 3) / 6, 1.0)),
+                   "at x = -3: -1/2, at x = 3: 3/2 (the inner piece, PyTorch hardswish_backward)",
+                   lambda x: np.minimum(np.abs(x + 3), np.abs(x - 3))),
+    # PyTorch hardsigmoid_backward: 1/6 strictly inside (-3, 3), 0 elsewhere
+    "hard_sigmoid": (lambda x: np.where((x > -3) & (x < 3), 1 / 6, 0.0),
+                     "0 at x = +-3 (PyTorch hardsigmoid_backward)",
+                     lambda x: np.minimum(np.abs(x + 3), np.abs(x - 3))),
+    "mish": (_mish_d, "", None),
+    "softsign": (lambda x: 1 / (1 + np.abs(x)) ** 2,
+                 "softsign'(0) = 1 (C1; the second derivative jumps at 0)", _KINK_AT_ZERO),
+    "log_sigmoid": (lambda x: _sigmoid(-x), "", None),
+}
+for _name, (_d, _conv, _rad) in _GRAD_RULES.items():
+    unary_rule(_name, _d, _conv, _rad)
+
+
 # -- binary --------------------------------------------------------------------------------------
 def _arith(float_fn, int_fn):
     def run(a, b):
@@ -202,6 +293,86 @@ kernel("max")(np.maximum)  # NaN-propagating
 kernel("min")(np.minimum)
 kernel("pow")(_f64(np.power))
 kernel("atan2")(_f64(np.arctan2))
+
+
+# -- binary ops: reference derivatives (float dtypes) --------------------------------------------
+def _binary_rule(op: str, partials, convention: str = "", radius=None) -> None:
+    """Register a broadcasting binary op's rules from its partials (da, db) at the broadcast
+    point: the VJP sums u * d over each operand's broadcast dims, the JVP adds ta * da + tb * db
+    broadcast to the output. ``radius(a, b)``: per output, the distance to the nearest kink or
+    pole (then minimised over each operand's broadcast dims)."""
+    def _vjp(inputs, attrs, cots):
+        a, b = inputs
+        da, db = partials(*np.broadcast_arrays(a, b))
+        return [unbroadcast(cots[0] * da, a.shape), unbroadcast(cots[0] * db, b.shape)]
+
+    def _jvp(inputs, attrs, tans):
+        a, b = inputs
+        da, db = partials(*np.broadcast_arrays(a, b))
+        return [tans[0] * da + tans[1] * db]
+
+    def _radius(inputs, attrs):
+        a, b = inputs
+        r = radius(*np.broadcast_arrays(a, b))
+        return [unbroadcast_min(r, a.shape), unbroadcast_min(r, b.shape)]
+
+    vjp(op, convention=convention, radius=None if radius is None else _radius)(_vjp)
+    jvp(op)(_jvp)
+
+
+def _tie_split(pick_a):
+    """max/min: the cotangent goes to the chosen operand; at a tie (a == b) it is split equally
+    (PyTorch maximum/minimum backward, JAX)."""
+    def partials(a, b):
+        da = np.where(a == b, 0.5, pick_a(a, b).astype(np.float64))
+        return da, 1.0 - da
+    return partials
+
+
+def _pow_partials(a, b):
+    """d/da = b a^(b-1), 0 where b == 0; d/db = a^b log a, 0 where a == 0 and b >= 0 (PyTorch
+    pow_backward_self / pow_backward_exponent)."""
+    da = np.where(b == 0, 0.0, b * np.power(a, b - 1))
+    db = np.where((a == 0) & (b >= 0), 0.0, np.power(a, b) * np.log(a))
+    return da, db
+
+
+def _fmod_radius(a, b):
+    """fmod(a, b) = a - trunc(a/b) b jumps where a/b crosses a nonzero integer: with |da|, |db| <=
+    r, a/b moves by at most r (1 + |q|) / (|b| - r), so r = d|b| / (2 (1 + |q| + d)) keeps trunc
+    fixed, d the distance from |q| to the nearest integer >= 1."""
+    q = np.abs(a / b)
+    d = np.where(q < 1, 1 - q, np.minimum(q - np.floor(q), np.ceil(q) - q))
+    return d * np.abs(b) / (2 * (1 + q + d))
+
+
+_binary_rule("add", lambda a, b: (np.ones_like(a), np.ones_like(b)))
+_binary_rule("sub", lambda a, b: (np.ones_like(a), -np.ones_like(b)))
+_binary_rule("mul", lambda a, b: (b, a))
+_binary_rule("div", lambda a, b: (1 / b, -(a / b) / b), "a pole at b = 0",
+             lambda a, b: np.abs(b))
+_binary_rule("max", _tie_split(np.greater), "ties (a == b): half to each operand (PyTorch, JAX)",
+             lambda a, b: np.abs(a - b) / 2)
+_binary_rule("min", _tie_split(np.less), "ties (a == b): half to each operand (PyTorch, JAX)",
+             lambda a, b: np.abs(a - b) / 2)
+_binary_rule("pow", _pow_partials, "d/da = 0 where b == 0; d/db = 0 where a == 0 and b >= 0 "
+             "(PyTorch); a branch point at a = 0, and no derivative in b for a < 0",
+             lambda a, b: np.where(a > 0, a, 0.0))
+_binary_rule("mod", lambda a, b: (np.ones_like(a), -np.trunc(a / b)),
+             "d/da = 1, d/db = -trunc(a/b) (PyTorch fmod); jumps where a/b is a nonzero integer",
+             _fmod_radius)
+def _atan2_partials(a, b):
+    """(b, -a) / (a^2 + b^2), as ((b/h)/h, -(a/h)/h) with h = hypot(a, b): no under- or overflow
+    of the squares."""
+    h = np.hypot(a, b)
+    return (b / h) / h, -(a / h) / h
+
+
+_binary_rule("atan2", _atan2_partials,
+
+             "singular at a = b = 0; a branch cut along b < 0 (a jump of 2 pi)",
+             lambda a, b: np.where(b < 0, np.abs(a), np.hypot(a, b)) / 2)
+
 kernel("bit_and")(np.bitwise_and)
 kernel("bit_or")(np.bitwise_or)
 kernel("bit_xor")(np.bitwise_xor)
@@ -227,6 +398,19 @@ for _name, _fn in {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.l
 @kernel("where")
 def where(cond, a, b):
     return np.where(cond, a, b)
+
+
+@vjp("where", convention="the condition selects: no derivative; a and b get the cotangent where "
+     "they are selected, 0 elsewhere")
+def where_vjp(inputs, attrs, cots):
+    cond, a, b = inputs
+    u = np.broadcast_to(cots[0], np.broadcast_shapes(cond.shape, a.shape, b.shape))
+    return [None, unbroadcast(np.where(cond, u, 0.0), a.shape), unbroadcast(np.where(cond, 0.0, u), b.shape)]
+
+
+@jvp("where")
+def where_jvp(inputs, attrs, tans):
+    return [np.where(inputs[0], tans[1], tans[2])]
 
 
 # -- fma: exact ----------------------------------------------------------------------------------
@@ -272,12 +456,44 @@ def fma(a, b, c):
     return out
 
 
+@vjp("fma")
+def fma_vjp(inputs, attrs, cots):
+    a, b, c = inputs
+    a2, b2, _ = np.broadcast_arrays(a, b, c)
+    u = cots[0]
+    return [unbroadcast(u * b2, a.shape), unbroadcast(u * a2, b.shape), unbroadcast(u, c.shape)]
+
+
+@jvp("fma")
+def fma_jvp(inputs, attrs, tans):
+    a, b, _ = inputs
+    ta, tb, tc = tans
+    return [ta * b + a * tb + tc]
+
+
 @kernel("clamp")
 def clamp(x, *, min, max):
+
     """min(max(x, min), max) in exact arithmetic: bounds beyond the dtype's range cannot bind."""
     wide = np.float64 if np.issubdtype(x.dtype, np.floating) else np.int64
     lo, hi = (wide(min), wide(max)) if wide is np.float64 else (np.int64(np.ceil(min)), np.int64(np.floor(max)))
     return np.clip(x.astype(wide), lo, hi).astype(x.dtype)
+
+
+def _clamp_d(x, lo, hi):
+    return ((x >= lo) & (x <= hi)).astype(np.float64)
+
+
+@vjp("clamp", convention="1 on the closed interval [min, max], bounds included (PyTorch "
+     "clamp_backward), 0 outside", radius=lambda xs, attrs: [np.minimum(np.abs(xs[0] - attrs["min"]),
+                                                                        np.abs(xs[0] - attrs["max"]))])
+def clamp_vjp(inputs, attrs, cots):
+    return [cots[0] * _clamp_d(inputs[0], attrs["min"], attrs["max"])]
+
+
+@jvp("clamp")
+def clamp_jvp(inputs, attrs, tans):
+    return [tans[0] * _clamp_d(inputs[0], attrs["min"], attrs["max"])]
 
 
 @kernel("cast")

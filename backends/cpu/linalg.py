@@ -11,7 +11,8 @@ import numpy as np
 import scipy.linalg
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.judge.bounds.linalg import dot_general_canonical
+from rlx_conformance.backends.cpu._grad import unbroadcast
+from rlx_conformance.judge.bounds.linalg import dot_general_canonical, dot_general_dims
 
 kernel = BACKEND.kernel
 
@@ -160,3 +161,460 @@ def qr(A, *, part):
         return np.zeros(shape, A.dtype)
     q, r = np.linalg.qr(A.astype(np.float64), mode="reduced")
     return (q if part == "q" else r).astype(A.dtype)
+
+
+# -- reference derivatives (float64) ---------------------------------------------------------------
+# Matrix functions are analytic away from singular inputs (and, for factorizations, from
+# repeated or zero singular values); each radius is the distance to that set in the max-entry
+# norm: a perturbation with entries below r has spectral norm below sqrt(m n) r.
+vjp = BACKEND.vjp
+jvp = BACKEND.jvp
+
+
+def _T(a: np.ndarray) -> np.ndarray:
+    return np.swapaxes(a, -1, -2)
+
+
+def _per_matrix(a: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """A per-matrix radius [...] as one per entry of a [..., m, n]."""
+    return np.broadcast_to(np.asarray(value)[..., None, None], a.shape).copy()
+
+
+def _sigma_min_radius(a: np.ndarray) -> np.ndarray:
+    """Per entry, how far it may move with A staying nonsingular, after row equilibration (the
+    pivot class scales rows by powers of two): A = D B with d_i = max_j |a_ij|, and
+    |da_ij| < sigma_min(B) d_i / n keeps ||D⁻¹ dA||_2 < sigma_min(B)."""
+    if not a.size:
+        return np.full(a.shape, np.inf)
+    d = np.max(np.abs(a), axis=-1, keepdims=True)
+    d = np.where(d > 0, d, 1.0)
+    s = np.linalg.svd(a / d, compute_uv=False)
+    return _per_matrix(a, s[..., -1] / a.shape[-1]) * d
+
+
+def _condition(a: np.ndarray) -> float:
+    """The largest 2-norm condition number of the (row-equilibrated) matrices: how much the
+    rules' solves amplify rounding (their results carry kappa eps relative error, as the
+    forward does)."""
+    if not a.size:
+        return 1.0
+    d = np.max(np.abs(a), axis=-1, keepdims=True)
+    with np.errstate(all="ignore"):
+        return float(np.max(np.linalg.cond(a / np.where(d > 0, d, 1.0))))
+
+
+@vjp("mat_mul")
+def mat_mul_vjp(inputs, attrs, cots):
+    """dA = U Bᵀ, dB = Aᵀ U (1-D operands promoted and dropped again; broadcast batch dims summed)."""
+    a, b = inputs
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    u = cots[0]
+    if b.ndim == 1:
+        u = u[..., None]
+    if a.ndim == 1:
+        u = u[..., None, :]
+    da = unbroadcast(u @ _T(b2), a2.shape).reshape(a.shape)
+    db = unbroadcast(_T(a2) @ u, b2.shape).reshape(b.shape)
+    return [da, db]
+
+
+@jvp("mat_mul")
+def mat_mul_jvp(inputs, attrs, tans):
+    a, b = inputs
+    return [np.matmul(tans[0], b) + np.matmul(a, tans[1])]
+
+
+def _dot_general_subscripts(a, b, attrs) -> tuple[str, str, str]:
+    """einsum subscripts of lhs, rhs and the output: batch and contracting dims share letters."""
+    lc, rc, lbt, rbt, lf, rf = dot_general_dims("dot_general", a.shape, b.shape, attrs)
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    lhs = [""] * a.ndim
+    rhs = [""] * b.ndim
+    for i, j in zip(lbt + lc, rbt + rc):
+        lhs[i] = rhs[j] = next(letters)
+    for i in lf:
+        lhs[i] = next(letters)
+    for j in rf:
+        rhs[j] = next(letters)
+    out = "".join(lhs[i] for i in lbt) + "".join(lhs[i] for i in lf) + "".join(rhs[j] for j in rf)
+    return "".join(lhs), "".join(rhs), out
+
+
+@vjp("dot_general")
+def dot_general_vjp(inputs, attrs, cots):
+    """Each operand's cotangent contracts the output cotangent with the other operand over the
+    other's free dims (einsum; every lhs dim is batch, contracting or free)."""
+    a, b = inputs
+    sl, sr, so = _dot_general_subscripts(a, b, attrs)
+    return [np.einsum(f"{so},{sr}->{sl}", cots[0], b), np.einsum(f"{sl},{so}->{sr}", a, cots[0])]
+
+
+@jvp("dot_general")
+def dot_general_jvp(inputs, attrs, tans):
+    a, b = inputs
+    sl, sr, so = _dot_general_subscripts(a, b, attrs)
+    return [np.einsum(f"{sl},{sr}->{so}", tans[0], b) + np.einsum(f"{sl},{sr}->{so}", a, tans[1])]
+
+
+def _as_columns(b: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, bool]:
+    vec = b.ndim == a.ndim - 1
+    return (b[..., None] if vec else b), vec
+
+
+def _solve_vjp(inputs, attrs, cots):
+    """x = A⁻¹ b: gb = A⁻ᵀ u, gA = -gb xᵀ."""
+    a, b = inputs
+    if not a.size or not b.size:
+        return [np.zeros(a.shape), np.zeros(b.shape)]
+    b2, vec = _as_columns(b, a)
+    u2, _ = _as_columns(cots[0], a)
+    x = np.linalg.solve(a, b2)
+    gb = np.linalg.solve(_T(a), u2)
+    return [-(gb @ _T(x)), gb[..., 0] if vec else gb]
+
+
+def _solve_jvp(inputs, attrs, tans):
+    """dx = A⁻¹ (db - dA x)."""
+    a, b = inputs
+    if not a.size or not b.size:
+        return [np.zeros(b.shape)]
+    b2, vec = _as_columns(b, a)
+    tb2, _ = _as_columns(tans[1], a)
+    x = np.linalg.solve(a, b2)
+    dx = np.linalg.solve(a, tb2 - tans[0] @ x)
+    return [dx[..., 0] if vec else dx]
+
+
+for _op in ("dense_solve", "batched_dense_solve"):
+    vjp(_op, convention="a singular A has no derivative (the solve is an error there)",
+        radius=lambda xs, attrs: [_sigma_min_radius(xs[0]), None],
+        condition=lambda xs, attrs: _condition(xs[0]))(_solve_vjp)
+    jvp(_op)(_solve_jvp)
+
+
+def _phi(x: np.ndarray) -> np.ndarray:
+    """The lower triangle with the diagonal halved."""
+    return np.tril(x) - 0.5 * (np.eye(x.shape[-1]) * x)
+
+
+def _tri_inv_solve(l: np.ndarray, b: np.ndarray, lower: bool, trans: bool) -> np.ndarray:
+    """op(L)⁻¹ b per batch entry (op: transpose when ``trans``), L triangular."""
+    out = np.empty(np.broadcast_shapes(l.shape[:-2], b.shape[:-2]) + b.shape[-2:])
+    lm = _mats(np.broadcast_to(l, out.shape[:-2] + l.shape[-2:]))
+    bm, om = _mats(np.broadcast_to(b, out.shape)), _mats(out)
+    with warnings.catch_warnings():  # a singular factor: inf/NaN, which the caller sees
+        warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
+        for i in range(lm.shape[0]):
+            om[i] = scipy.linalg.solve_triangular(lm[i], bm[i], lower=lower, trans=1 if trans else 0)
+    return out
+
+
+def _spd_sym(a: np.ndarray) -> np.ndarray:
+    """The symmetric matrix the factorization reads: the lower triangle mirrored."""
+    lo = np.tril(a)
+    return lo + _T(np.tril(a, -1))
+
+
+@vjp("cholesky", convention="only the lower triangle is read (the upper one has derivative 0); "
+     "a matrix that is not positive definite has no derivative",
+     radius=lambda xs, attrs: [_spd_radius(xs[0])], condition=lambda xs, attrs: _spd_condition(xs[0]))
+def cholesky_vjp(inputs, attrs, cots):
+    """For S = tril(A) + tril(A, -1)ᵀ: P = Φ(Lᵀ L̄), S̄ = L⁻ᵀ P L⁻¹ symmetrized, and A's lower
+    triangle collects S̄_ij + S̄_ji (off the diagonal) and S̄_ii."""
+    (a,) = inputs
+    if not a.size:
+        return [np.zeros(a.shape)]
+    l = np.linalg.cholesky(_spd_sym(a))
+    p = _phi(_T(l) @ cots[0])
+    s = _tri_inv_solve(l, _T(_tri_inv_solve(l, p, lower=True, trans=True)), lower=True, trans=True)
+    s = 0.5 * (s + _T(s))  # L⁻ᵀ P L⁻¹, symmetrized
+    return [2 * np.tril(s, -1) + np.eye(a.shape[-1]) * s]
+
+
+@jvp("cholesky")
+def cholesky_jvp(inputs, attrs, tans):
+    """dL = L Φ(L⁻¹ dS L⁻ᵀ), dS the symmetric matrix of the tangent's lower triangle."""
+    (a,) = inputs
+    if not a.size:
+        return [np.zeros(a.shape)]
+    l = np.linalg.cholesky(_spd_sym(a))
+    ds = _spd_sym(tans[0])
+    x = _tri_inv_solve(l, _T(_tri_inv_solve(l, ds, lower=True, trans=False)), lower=True, trans=False)
+    return [l @ _phi(x)]
+
+
+def _spd_radius(a: np.ndarray) -> np.ndarray:
+    """With S = D B D, d_i = sqrt(s_ii) (the scaled class is D A D for powers of two D):
+    |ds_ij| < lambda_min(B) d_i d_j / n keeps S SPD (||D⁻¹ dS D⁻¹||_2 < lambda_min(B))."""
+    if not a.size:
+        return np.full(a.shape, np.inf)
+    s = _spd_sym(a)
+    d = np.sqrt(np.abs(np.diagonal(s, axis1=-2, axis2=-1)))
+    dd = d[..., :, None] * d[..., None, :]
+    lam = np.linalg.eigvalsh(s / np.where(dd > 0, dd, 1.0))
+    return _per_matrix(a, np.maximum(lam[..., 0], 0.0) / a.shape[-1]) * dd
+
+
+def _spd_condition(a: np.ndarray) -> float:
+    if not a.size:
+        return 1.0
+    s = _spd_sym(a)
+    d = np.sqrt(np.abs(np.diagonal(s, axis1=-2, axis2=-1)))
+    dd = d[..., :, None] * d[..., None, :]
+    with np.errstate(all="ignore"):
+        return float(np.max(np.linalg.cond(s / np.where(dd > 0, dd, 1.0))))
+
+
+def _triangle(a: np.ndarray, lower: bool) -> np.ndarray:
+    return np.tril(a) if lower else np.triu(a)
+
+
+@vjp("triangular_solve", convention="only the selected triangle is read (the other has "
+     "derivative 0); a zero on the diagonal has none",
+     radius=lambda xs, attrs: [_diag_radius(xs[0]), None],
+     condition=lambda xs, attrs: _condition(_triangle(xs[0], attrs["lower"])))
+def triangular_solve_vjp(inputs, attrs, cots):
+    """op(T) X = B: gB = op(T)⁻ᵀ u, g op(T) = -gB Xᵀ, restricted to T's triangle."""
+    a, b = inputs
+    lower, trans = attrs["lower"], attrs["transpose"]
+    t = _triangle(a, lower)
+    b2, vec = _as_columns(b, a)
+    u2, _ = _as_columns(cots[0], a)
+    if not a.size:
+        return [np.zeros(a.shape), np.zeros(b.shape)]
+    x = _tri_inv_solve(t, b2, lower, trans)
+    gb = _tri_inv_solve(t, u2, lower, not trans)
+    g_op = -(gb @ _T(x))
+    return [_triangle(_T(g_op) if trans else g_op, lower), gb[..., 0] if vec else gb]
+
+
+@jvp("triangular_solve")
+def triangular_solve_jvp(inputs, attrs, tans):
+    """dX = op(T)⁻¹ (dB - op(dT) X)."""
+    a, b = inputs
+    lower, trans = attrs["lower"], attrs["transpose"]
+    if not a.size:
+        return [np.zeros(b.shape)]
+    t = _triangle(a, lower)
+    dt = _triangle(tans[0], lower)
+    b2, vec = _as_columns(b, a)
+    tb2, _ = _as_columns(tans[1], a)
+    x = _tri_inv_solve(t, b2, lower, trans)
+    dx = _tri_inv_solve(t, tb2 - (_T(dt) if trans else dt) @ x, lower, trans)
+    return [dx[..., 0] if vec else dx]
+
+
+def _diag_radius(a: np.ndarray) -> np.ndarray:
+    """A triangular solve is rational in T with poles only where a diagonal entry is 0."""
+    n = a.shape[-1]
+    return np.where(np.eye(n, dtype=bool), np.abs(a), np.inf) if n else np.full(a.shape, np.inf)
+
+
+def _adjugate_t(a: np.ndarray) -> np.ndarray:
+    """adj(A)ᵀ per matrix: det(A) A⁻ᵀ from the LU factors, det kept as mantissa and exponent
+    (the forward's exact_product) so that neither it nor the product over- or underflows where
+    the adjugate does not; at an exactly singular LU, from the SVD (adj(A) = det(U) det(V) V
+    diag(prod_{j != i} s_j) Uᵀ), which holds at singular A too."""
+    out = np.empty(a.shape)
+    am, om = _mats(a), _mats(out)
+    for i, m in enumerate(am):
+        n = m.shape[-1]
+        if n == 0:
+            continue
+        lu, piv = scipy.linalg.lu_factor(m, check_finite=False)
+        d = np.diagonal(lu)
+        if np.all(d != 0):
+            mant, ex = exact_product(d)
+            sign = -1 if int(np.sum(piv != np.arange(n))) % 2 else 1
+            inv_t = scipy.linalg.lu_solve((lu, piv), np.eye(n), trans=1, check_finite=False)
+            om[i] = np.ldexp(sign * mant * inv_t, ex)
+        else:
+            u, s, vt = np.linalg.svd(m)
+            c = [np.ldexp(*exact_product(np.delete(s, j))) for j in range(n)]
+            om[i] = np.linalg.det(u) * np.linalg.det(vt) * (u * np.array(c)) @ vt
+    return out
+
+
+@vjp("det", convention="at a singular A: the adjugate (det is a polynomial, differentiable "
+     "everywhere)")
+def det_vjp(inputs, attrs, cots):
+    (a,) = inputs
+    return [cots[0][..., None, None] * _adjugate_t(a)]
+
+
+@jvp("det")
+def det_jvp(inputs, attrs, tans):
+    """det is multilinear in the columns: d det = sum_j det(A with column j replaced by dA's)."""
+    (a,) = inputs
+    n = a.shape[-1]
+    if n == 0:
+        return [np.zeros(a.shape[:-2])]
+    replaced = np.broadcast_to(a[..., None, :, :], a.shape[:-2] + (n, n, n)).copy()
+    for j in range(n):
+        replaced[..., j, :, j] = tans[0][..., :, j]
+    return [det(replaced).sum(-1)]
+
+
+@vjp("log_det", convention="a singular A (log|det| = -inf) has no derivative",
+     radius=lambda xs, attrs: [_sigma_min_radius(xs[0])], condition=lambda xs, attrs: _condition(xs[0]))
+def log_det_vjp(inputs, attrs, cots):
+    """d log|det A| = tr(A⁻¹ dA): the cotangent times A⁻ᵀ."""
+    (a,) = inputs
+    inv_t = np.full(a.shape, np.nan)  # singular: no derivative (NaN)
+    for i, m in enumerate(_mats(a)):
+        try:
+            _mats(inv_t)[i] = np.linalg.inv(m).T
+        except np.linalg.LinAlgError:
+            pass
+    return [cots[0][..., None, None] * inv_t]
+
+
+@jvp("log_det")
+def log_det_jvp(inputs, attrs, tans):
+    (a,) = inputs
+    out = np.full(a.shape[:-2], np.nan)  # singular: no derivative (NaN)
+    for i, (m, t) in enumerate(zip(_mats(a), _mats(tans[0]))):
+        try:
+            out.reshape(-1)[i] = np.trace(np.linalg.solve(m, t)) if m.size else 0.0
+        except np.linalg.LinAlgError:
+            pass
+    return [out]
+
+
+def _svd_parts(a: np.ndarray):
+    """u [.., m, k], s [.., k], v [.., n, k] (thin), and F_ij = 1 / (s_j^2 - s_i^2) off the diagonal."""
+    u, s, vt = np.linalg.svd(a, full_matrices=False)
+    d = s[..., None, :] ** 2 - s[..., :, None] ** 2
+    k = s.shape[-1]
+    with np.errstate(divide="ignore"):
+        f = np.where(np.eye(k, dtype=bool), 0.0, 1 / np.where(np.eye(k, dtype=bool), 1.0, d))
+    return u, s, _T(vt), f
+
+
+def _svd_radius(a: np.ndarray) -> np.ndarray:
+    """Half the smallest gap between singular values (and to 0) over sqrt(m n); 0 for a repeated
+    or zero singular value (to rounding: the clustered and rank-deficient classes)."""
+    if not a.size:
+        return np.full(a.shape, np.inf)
+    s = np.linalg.svd(a, compute_uv=False)
+    gaps = np.concatenate([-np.diff(s, axis=-1), s[..., -1:]], -1).min(-1)
+    gaps = np.where(gaps > 1e-8 * s[..., 0], gaps, 0.0)
+    return _per_matrix(a, gaps / (2 * math.sqrt(a.shape[-1] * a.shape[-2])))
+
+
+@vjp("svd", convention="no derivative at repeated or zero singular values; singular vectors "
+     "follow LAPACK's sign choice (locally continuous), as PyTorch and JAX document",
+     radius=lambda xs, attrs: [_svd_radius(xs[0])])
+def svd_vjp(inputs, attrs, cots):
+    """Ā = U[(F∘(UᵀŪ - ŪᵀU)) S + diag(S̄) + S (F∘(VᵀV̄ - V̄ᵀV))]Vᵀ + (I - UUᵀ)Ū S⁻¹ Vᵀ
+    + U S⁻¹ V̄ᵀ (I - VVᵀ) (Townsend, "Differentiating the singular value decomposition", 2016),
+    with only the requested part's cotangent nonzero."""
+    (a,) = inputs
+    if not a.size:
+        return [np.zeros(a.shape)]
+    u, s, v, f = _svd_parts(a)
+    m, n = a.shape[-2:]
+    part, g = attrs["part"], cots[0]
+    if part == "s":
+        return [(u * g[..., None, :]) @ _T(v)]
+    sd = s[..., None, :]  # scales columns
+    if part == "u":
+        inner = (f * (_T(u) @ g - _T(g) @ u)) * sd
+        return [u @ inner @ _T(v) + (np.eye(m) - u @ _T(u)) @ (g / sd) @ _T(v)]
+    gv = _T(g)  # the cotangent of V (vt = Vᵀ)
+    inner = s[..., :, None] * (f * (_T(v) @ gv - _T(gv) @ v))
+    return [u @ inner @ _T(v) + (u / sd) @ _T(gv) @ (np.eye(n) - v @ _T(v))]
+
+
+@jvp("svd")
+def svd_jvp(inputs, attrs, tans):
+    """dP = Uᵀ dA V; ds = diag(dP); dU = U(F∘(dP S + S dPᵀ)) + (I - UUᵀ) dA V S⁻¹;
+    dV = V(F∘(S dP + dPᵀ S)) + (I - VVᵀ) dAᵀ U S⁻¹."""
+    (a,) = inputs
+    part = attrs["part"]
+    if not a.size:
+        return [np.zeros(svd(a, part=part).shape)]
+    u, s, v, f = _svd_parts(a)
+    m, n = a.shape[-2:]
+    dp = _T(u) @ tans[0] @ v
+    if part == "s":
+        return [np.diagonal(dp, axis1=-2, axis2=-1).copy()]
+    sr, sc = s[..., :, None], s[..., None, :]  # scale rows, columns
+    if part == "u":
+        du = u @ (f * (dp * sc + sr * _T(dp))) + (np.eye(m) - u @ _T(u)) @ tans[0] @ v / sc
+        return [du]
+    dv = v @ (f * (sr * dp + _T(dp) * sc)) + (np.eye(n) - v @ _T(v)) @ _T(tans[0]) @ u / sc
+    return [_T(dv)]
+
+
+def _qr_square_jvp(q, r, da):
+    """A = QR with Q m x n (m >= n), R n x n: C = Qᵀ dA R⁻¹, Ω = L - Lᵀ (L = tril(C, -1)),
+    dR = (C - Ω) R, dQ = QΩ + (I - QQᵀ) dA R⁻¹."""
+    def rinv_t(x):  # x R⁻¹
+        return _T(_tri_inv_solve(r, _T(x), lower=False, trans=True))
+
+    c = rinv_t(_T(q) @ da)
+    low = np.tril(c, -1)
+    omega = low - _T(low)
+    dr = (c - omega) @ r
+    dq = q @ omega + rinv_t(da - q @ (_T(q) @ da))
+    return dq, dr
+
+
+def _qr_square_vjp(q, r, gq, gr):
+    """The transpose of _qr_square_jvp: gA = [Q Y + (I - QQᵀ) gQ] R⁻ᵀ with
+    Y = gR Rᵀ + tril(X - Xᵀ, -1), X = Qᵀ gQ - gR Rᵀ."""
+    x = _T(q) @ gq - gr @ _T(r)
+    y = gr @ _T(r) + np.tril(x - _T(x), -1)
+    m = q @ y + gq - q @ (_T(q) @ gq)
+    return _T(_tri_inv_solve(r, _T(m), lower=False, trans=False))
+
+
+def _qr_radius(a: np.ndarray) -> np.ndarray:
+    """sigma_min of A (m >= n) or of its leading m x m block (m < n) over sqrt(m n): R stays
+    nonsingular; 0 for a rank-deficient matrix (to rounding)."""
+    if not a.size:
+        return np.full(a.shape, np.inf)
+    m, n = a.shape[-2:]
+    block = a if m >= n else a[..., :, :m]
+    s = np.linalg.svd(block, compute_uv=False)
+    smin = np.where(s[..., -1] > 1e-8 * s[..., 0], s[..., -1], 0.0)
+    return _per_matrix(a, smin / (2 * math.sqrt(m * n)))
+
+
+@vjp("qr", convention="no derivative where R is singular; the factors follow LAPACK's "
+     "(Householder) signs, locally continuous", radius=lambda xs, attrs: [_qr_radius(xs[0])],
+     condition=lambda xs, attrs: _condition(_T(xs[0])))
+def qr_vjp(inputs, attrs, cots):
+    """m >= n: the transpose of the jvp. m < n: A = [X | Y], X = Q R1, R2 = Qᵀ Y: Y's cotangent
+    is Q gR2, and Q's collects Y gR2ᵀ before X's square-case transpose."""
+    (a,) = inputs
+    if not a.size:
+        return [np.zeros(a.shape)]
+    m, n = a.shape[-2:]
+    q, r = np.linalg.qr(a, mode="reduced")
+    g = cots[0]
+    gq = g if attrs["part"] == "q" else np.zeros(q.shape)
+    gr = g if attrs["part"] == "r" else np.zeros(r.shape)
+    if m >= n:
+        return [_qr_square_vjp(q, r, gq, gr)]
+    y = a[..., :, m:]
+    gx = _qr_square_vjp(q, r[..., :, :m], gq + y @ _T(gr[..., :, m:]), gr[..., :, :m])
+    return [np.concatenate([gx, q @ gr[..., :, m:]], -1)]
+
+
+@jvp("qr")
+def qr_jvp(inputs, attrs, tans):
+    (a,) = inputs
+    if not a.size:
+        return [np.zeros(qr(a, part=attrs["part"]).shape)]
+    m, n = a.shape[-2:]
+    q, r = np.linalg.qr(a, mode="reduced")
+    da = tans[0]
+    if m >= n:
+        dq, dr = _qr_square_jvp(q, r, da)
+    else:
+        dq, dr1 = _qr_square_jvp(q, r[..., :, :m], da[..., :, :m])
+        dr = np.concatenate([dr1, _T(dq) @ a[..., :, m:] + _T(q) @ da[..., :, m:]], -1)
+    return [dq if attrs["part"] == "q" else dr]

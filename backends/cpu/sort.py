@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
+from rlx_conformance.backends.cpu._grad import sorted_gap_radius
 
 kernel = BACKEND.kernel
 
@@ -35,3 +36,48 @@ def arg_sort(x, *, axis, descending):
 def top_k(x, *, k):
     idx = stable_order(x, -1, True)[..., :k]
     return np.take_along_axis(x, idx, axis=-1), idx
+
+
+# -- reference derivatives (float64) ---------------------------------------------------------------
+# Sorting moves values: the JVP moves the tangent the same way, the VJP sends each cotangent back
+# to the position its value came from. At ties the permutation is the stable order's (as
+# PyTorch's sort backward, which routes through the returned indices).
+vjp = BACKEND.vjp
+jvp = BACKEND.jvp
+_TIES = "ties follow the stable order (equal keys keep their input order), as the indices do"
+
+
+def _scatter_back(shape, order: np.ndarray, u: np.ndarray, axis: int) -> np.ndarray:
+    """zeros(shape) with u[..., j] placed at order[..., j] along ``axis``."""
+    g = np.zeros(shape)
+    np.put_along_axis(g, order, u, axis=axis)
+    return g
+
+
+@vjp("sort", convention=_TIES, radius=lambda xs, attrs: [sorted_gap_radius(xs[0], attrs["axis"])])
+def sort_vjp(inputs, attrs, cots):
+    (x,) = inputs
+    order = stable_order(x, attrs["axis"], attrs["descending"])
+    return [_scatter_back(x.shape, order, cots[0], attrs["axis"])]
+
+
+@jvp("sort")
+def sort_jvp(inputs, attrs, tans):
+    (x,) = inputs
+    order = stable_order(x, attrs["axis"], attrs["descending"])
+    return [np.take_along_axis(tans[0], order, axis=attrs["axis"])]
+
+
+@vjp("top_k", convention=_TIES + "; the indices output has no derivative",
+     radius=lambda xs, attrs: [sorted_gap_radius(xs[0], -1)])
+def top_k_vjp(inputs, attrs, cots):
+    (x,) = inputs
+    idx = stable_order(x, -1, True)[..., : attrs["k"]]
+    return [_scatter_back(x.shape, idx, cots[0], -1)]
+
+
+@jvp("top_k")
+def top_k_jvp(inputs, attrs, tans):
+    (x,) = inputs
+    idx = stable_order(x, -1, True)[..., : attrs["k"]]
+    return [np.take_along_axis(tans[0], idx, axis=-1), None]

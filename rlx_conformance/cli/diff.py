@@ -1,7 +1,11 @@
 """``rlx-conformance diff BASE NEW``: what changed between two runs, and whether it is a regression
 (exit 1: new failures, newly excused cases, error drift and distribution drift of passing and of
 excused cases, tolerance-lock violations and lock lines above their accuracy budget; see diff.py).
-The helpers here (threshold and lock options, the terminal view) are shared with ``nightly``."""
+The terminal view lists every case-level change, regressions first, each case id on a line of its
+own; ``--format json`` prints the diff as one document (schema rlx-conformance/diff/v1: the keys
+of report/diff.py's Diff.to_json, which ``--json OUT`` writes). A subset run is compared over its
+selection (report/diff.py). The helpers here (threshold and lock options, the terminal view) are
+shared with ``nightly``."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+from rlx_conformance.cli import _output as out
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import atomic_write_text
 from rlx_conformance.report import lockfile, records
@@ -88,69 +90,89 @@ def _num(v) -> str:
     return fmt(v)
 
 
+def _outcome(b) -> str:
+    return "absent" if b is None or b.get("outcome") is None else b["outcome"]
+
+
+def _changes(d: Diff) -> list[tuple[str, list[tuple[str, str, list[str]]]]]:
+    """The case-level outcome changes, regressions first, as (heading, [(label, id, details)])."""
+    def msg(x) -> list[str]:
+        return out.message_lines((x["new"] or {}).get("message") or "", limit=300, where="diff.json / results.json")
+
+    def moved(x) -> str:
+        return f"{_outcome(x['base'])} → {_outcome(x['new'])}"
+
+    return [
+        ("new failures (regression)", [(moved(x), x["id"], msg(x)) for x in d.new_failures]),
+        ("newly excused: passed in the baseline, xfail now (regression)",
+         [(moved(x), x["id"], [f"entry {x['entry']} (was {x['was'] or 'fail'})"]) for x in d.newly_excused]),
+        ("new, excused by an entry the baseline never named (regression)",
+         [(moved(x), x["id"], [f"entry {x['entry']} (was {x['was'] or 'fail'})"]) for x in d.new_excused_by_new_entry]),
+        ("new, excused by an entry the baseline already used",
+         [(moved(x), x["id"], [f"entry {x['entry']} (was {x['was'] or 'fail'})"])
+          for x in d.new_excused if not x["new_entry"]]),
+        ("fixed", [(moved(x), x["id"], []) for x in d.fixed]),
+        ("other outcome changes", [(f"{x['base']} → {x['new']}", x["id"], []) for x in d.outcome_changes]),
+        ("error drift (passing in both, error grew: regression)",
+         [("drift", x["id"], [f"{x['metric']} {_num(x['base'])} → {_num(x['new'])}"]) for x in d.error_drift]),
+        ("excused error drift (xfail in both, error grew: regression)",
+         [("drift", x["id"], [f"{x['metric']} {_num(x['base'])} → {_num(x['new'])}, entry {x.get('entry')}"])
+          for x in d.excused_drift]),
+    ]
+
+
 def print_diff(d: Diff, show: int = SHOW) -> None:
-    """The diff for a terminal: counts, then the lists that matter most, each capped."""
-    con = Console(highlight=False)
+    """The diff for a terminal or a log: counts, what the subset was, then every case-level change
+    (regressions first; each case id on a line of its own, never wrapped, its old → new outcome
+    before it and its message under it), then the group tables; each list capped at ``show``."""
     c = d.counts()
-    con.print(f"[bold]diff[/bold] {d.base or '(no baseline)'} → {d.new}")
-    con.print("  " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in c.items()))
+    out.line(f"diff {d.base or '(no baseline)'} → {d.new}")
+    if d.subset is not None:
+        out.line(f"subset: the new run holds {d.subset.describe()}")
+        out.line(f"  compared over the cases it shares with the baseline; {d.not_in_subset} baseline "
+                 f"case(s) not run in this subset (not listed, not counted as removed)")
+    out.line("counts: " + ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in c.items()))
+    for heading, items in _changes(d):
+        if not items:
+            continue
+        out.line()
+        out.line(f"{heading}: {len(items)}" + (f" (first {show}; --format json lists all)" if len(items) > show else ""))
+        for label, cid, details in items[:show]:
+            out.case_item(label, cid, details)
+    if d.removed:
+        out.line()
+        out.line(f"removed (in the new run's selection, absent from it): {len(d.removed)}"
+                 + (f" (first {show})" if len(d.removed) > show else ""))
+        for cid in d.removed[:show]:
+            out.line(f"  {cid}")
 
-    def table(title: str, cols: list[str], rows: list[list[str]], total: int) -> None:
-        if not rows:
-            return
-        t = Table(title=f"{title} ({total}{'' if total <= show else f', first {show}'})", title_justify="left")
-        for col in cols:
-            t.add_column(col, overflow="fold")
-        for r in rows[:show]:
-            t.add_row(*r)
-        con.print(t)
+    def table(title: str, cols: list[str], rows: list[list[str]]) -> None:
+        if rows:
+            out.table(f"{title} ({len(rows)}{'' if len(rows) <= show else f', first {show}'})", cols, rows[:show])
 
-    def out(b) -> str:
-        return "absent" if b is None or b.get("outcome") is None else b["outcome"]
-
-    table("new failures", ["case", "base", "new", "max ulp", "message"],
-          [[x["id"], out(x["base"]), x["new"]["outcome"], _num(x["new"].get("max_ulp")), x["new"]["message"][:120]]
-           for x in d.new_failures], len(d.new_failures))
-    table("newly excused (passed in the baseline, xfail now: a regression)", ["case", "entry", "was", "max ulp"],
-          [[x["id"], str(x["entry"]), str(x["was"] or "fail"), _num(x["new"].get("max_ulp"))]
-           for x in d.newly_excused], len(d.newly_excused))
-    table("new, excused (absent or skipped in the baseline; a regression where the entry is new)",
-          ["case", "entry", "new entry", "was"],
-          [[x["id"], str(x["entry"]), "yes" if x["new_entry"] else "no", str(x["was"] or "fail")]
-           for x in d.new_excused], len(d.new_excused))
-    table("error drift (passing, error grew)", ["case", "metric", "base", "new"],
-          [[x["id"], x["metric"], _num(x["base"]), _num(x["new"])] for x in d.error_drift], len(d.error_drift))
-    table("excused error drift (xfail in both, error grew)", ["case", "metric", "base", "new", "entry"],
-          [[x["id"], x["metric"], _num(x["base"]), _num(x["new"]), str(x.get("entry"))] for x in d.excused_drift],
-          len(d.excused_drift))
     for title, rows in (("distribution drift (p99/max ULP per group, passing cases)", d.distribution_drift),
                         ("excused distribution drift (p99/max ULP per group, xfail cases)",
                          d.excused_distribution_drift)):
         table(title, ["group", "worse", "p99", "max", "all pass"],
               [[x["group"], ", ".join(x["metrics"]), f"{_num(x['base']['p99'])} → {_num(x['new']['p99'])}",
                 f"{_num(x['base']['max'])} → {_num(x['new']['max'])}", "yes" if x["all_pass"] else "no"]
-               for x in rows], len(rows))
-    table("fixed", ["case", "base", "new"], [[x["id"], out(x["base"]), out(x["new"])] for x in d.fixed], len(d.fixed))
+               for x in rows])
     if d.lock is not None:
         lk = d.lock
         table("tolerance lock violations (errors past the lock)", ["group", "metric", "locked", "observed"],
-              [[v["group"], v["metric"], _num(v["locked"]), _num(v["observed"])] for v in lk.violations],
-              len(lk.violations))
+              [[v["group"], v["metric"], _num(v["locked"]), _num(v["observed"])] for v in lk.violations])
         table("tolerance lock lines above their accuracy budget (remove them: --update-lock does)",
               ["group", "max ulp", "max rel", "why"],
-              [[v["group"], _num(v["max_ulp"]), _num(v["max_rel_err"]), v["why"]] for v in lk.lines_over_budget],
-              len(lk.lines_over_budget))
+              [[v["group"], _num(v["max_ulp"]), _num(v["max_rel_err"]), v["why"]] for v in lk.lines_over_budget])
         table("groups above their accuracy budget (not lockable: a failure or a capped divergence)",
               ["group", "max ulp", "max rel", "why"],
-              [[v["group"], _num(v["max_ulp"]), _num(v["max_rel_err"]), v["why"]] for v in lk.over_budget],
-              len(lk.over_budget))
+              [[v["group"], _num(v["max_ulp"]), _num(v["max_rel_err"]), v["why"]] for v in lk.over_budget])
         table("tolerance lock: proposed tighter entries (--update-lock writes them)",
               ["group", "metric", "locked", "proposed"],
-              [[v["group"], v["metric"], _num(v["locked"]), _num(v["proposed"])] for v in lk.tighter], len(lk.tighter))
+              [[v["group"], v["metric"], _num(v["locked"]), _num(v["proposed"])] for v in lk.tighter])
         if lk.unlocked:
-            con.print(f"tolerance lock: {len(lk.unlocked)} group(s) not in {lk.path} (--update-lock adds them)")
-    verdict = "[bold red]REGRESSION[/bold red]" if d.regression else "[bold green]no regression[/bold green]"
-    con.print(f"verdict: {verdict}")
+            out.line(f"tolerance lock: {len(lk.unlocked)} group(s) not in {lk.path} (--update-lock adds them)")
+    out.line(f"verdict: {'REGRESSION' if d.regression else 'no regression'}")
 
 
 def write_json(d: Diff, path: Path) -> None:
@@ -164,9 +186,12 @@ def cmd_diff(args) -> int:
     d.lock = check_lock(args, new)
     if args.json:
         write_json(d, args.json)
+    if args.format == "json":
+        out.emit_json("diff", d.to_json())
+        return 1 if d.regression else 0
     print_diff(d, args.show)
     if args.json:
-        print(f"diff: {args.json}")
+        out.line(f"diff: {args.json}")
     return 1 if d.regression else 0
 
 
@@ -177,5 +202,8 @@ def register(sub) -> None:
     p.add_argument("new", metavar="NEW", help="new report dir or results.json")
     p.add_argument("--json", metavar="OUT", help="also write the diff as JSON")
     p.add_argument("--show", type=int, default=SHOW, help=f"rows per list in the terminal (default {SHOW})")
+    out.add_format_option(p, help="text (default: case ids on lines of their own, never wrapped) or json: "
+                                  "the diff as one document on stdout (schema rlx-conformance/diff/v1, the "
+                                  "keys --json writes)")
     add_diff_options(p)
     p.set_defaults(fn=cmd_diff)

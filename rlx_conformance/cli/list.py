@@ -1,18 +1,30 @@
-"""rlx-conformance list: the case ids of the matrix, one a line."""
+"""rlx-conformance list: the case ids of the matrix, one a line (never wrapped: each line is a
+whole id to copy), or ``--format json``: schema rlx-conformance/list/v1, ``count`` and ``cases``
+(id, op, dtype, target, declared: whether the backend declares the dtype there)."""
 from __future__ import annotations
 
+import argparse
+
+from rlx_conformance.cli import _output as out
 from rlx_conformance.cli.options import add_matrix_options, split, targets
 from rlx_conformance.run.session import build_cases
 
 
-def cmd_list(args) -> int:
-    for c in build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32):
-        print(c.id)
+def cmd_list(args: argparse.Namespace) -> int:
+    cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32)
+    if args.format == "json":
+        out.emit_json("list", {"count": len(cases), "cases": [
+            {"id": c.id, "op": c.op, "dtype": c.dtype, "target": str(c.target), "declared": c.declared}
+            for c in cases]})
+        return 0
+    for c in cases:
+        out.line(c.id)
     return 0
-
 
 
 def register(sub) -> None:
     ls = sub.add_parser("list", help="print the case ids of the matrix")
     add_matrix_options(ls)
+    out.add_format_option(ls, help="text (default: one id a line) or json "
+                                   "(schema rlx-conformance/list/v1: count, cases)")
     ls.set_defaults(fn=cmd_list)

@@ -21,9 +21,17 @@ from rlx_conformance.cli.diff import (
     write_json,
 )
 from rlx_conformance.cli.exhaustive import print_table
-from rlx_conformance.cli.options import print_summary, progress, split, tf32_run
+from rlx_conformance.cli.options import (
+    check_devices,
+    print_summary,
+    progress,
+    split,
+    tf32_run,
+)
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.generate.coverage import coverage_of_run
+from rlx_conformance.generate.matrix import Target
 from rlx_conformance.report import html as report_html
 from rlx_conformance.report import junit, records, stats
 from rlx_conformance.report.diff import compare
@@ -60,7 +68,8 @@ def targets(args):
     """The nightly's targets: every backend under test on the devices and modes asked for."""
     devices = args.device if args.device == "all" else split([args.device])
     modes = args.mode if args.mode == "all" else split([args.mode])
-    return [t for b in _backends(split(args.backend)) for t in backend_targets(b, devices, modes)]
+    return [t for b in _backends(split(args.backend))
+            for t in backend_targets(b, check_devices(b, devices), modes)]
 
 
 def write_stats(path: Path, cases: list[records.Record]) -> None:
@@ -70,7 +79,8 @@ def write_stats(path: Path, cases: list[records.Record]) -> None:
 
 
 def cmd_nightly(args) -> int:
-    cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32)
+    tgs = targets(args)
+    cases = build_cases(tgs, split(args.ops), split(args.dtypes), tf32=args.tf32)
     if not cases:
         raise RlxError("no cases selected")
     tholds = thresholds(args)  # bad options fail before the run, not after it
@@ -103,13 +113,14 @@ def cmd_nightly(args) -> int:
     d.lock = check_lock(args, new)
     write_json(d, report / "diff.json")
     print_diff(d, args.show)
-    sweep = _exhaustive(args, report) if not args.no_exhaustive else None  # before the HTML, which shows it
-    report_html.write(new, report / "report.html", diff=d, lock=d.lock, exhaustive=sweep)
+    sweep = _exhaustive(args, report, tgs) if not args.no_exhaustive else None  # before the HTML, which shows it
+    report_html.write(new, report / "report.html", diff=d, lock=d.lock, exhaustive=sweep,
+                      coverage=coverage_of_run(r["op"] for r in new.cases))
     print(f"report: {report / 'report.html'}")
     return 1 if d.regression or (sweep is not None and sweep["failed"]) else 0
 
 
-def _exhaustive(args, report: Path) -> dict | None:
+def _exhaustive(args, report: Path, tgs: list[Target]) -> dict | None:
     """The exhaustive float16/bfloat16 sweep of the unary ops on the same targets, into
     report/exhaustive.json; its document (``failed``: a row over budget outside a known
     divergence, a crash, a timeout), or None when skipped: --ops selects no unary float op or
@@ -119,7 +130,7 @@ def _exhaustive(args, report: Path) -> dict | None:
     dtypes = [d for d in ("float16", "bfloat16") if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]
     if not dtypes or not unary_ops(ops):
         return None
-    doc = run_exhaustive(targets(args), ops=ops, dtypes=dtypes, report_dir=report, workers=args.workers)
+    doc = run_exhaustive(tgs, ops=ops, dtypes=dtypes, report_dir=report, workers=args.workers)
     print_table(doc, args.show)
     return doc
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlx_conformance.backends import BACKENDS, get_backend
+from rlx_conformance.cli import _output as out
 from rlx_conformance.core.errors import RegistrationError, RlxError
 from rlx_conformance.ops import all_ops, get_op
 from rlx_conformance.report import op_explain, op_reference
@@ -56,12 +57,15 @@ def _listing(args: argparse.Namespace) -> int:
         row = {"name": spec.name, "family": spec.family, "doc": spec.doc,
                "inputs": [{"name": i.name, "role": i.role,
                            "dtypes": list(spec.dtypes) if i.dtypes == "T" else list(i.dtypes),
-                           "variadic": i.variadic} for i in spec.inputs],
+                           "variadic": i.variadic,
+                           "differentiable": spec.input_differentiable(i)} for i in spec.inputs],
                "attrs": [{"name": a.name, "kind": a.kind,
                           "default": None if repr(a.default) == "REQUIRED" else _jsonable(a.default),
                           "required": repr(a.default) == "REQUIRED",
                           "choices": list(a.choices) if a.choices else None} for a in spec.attrs],
                "dtypes": list(spec.dtypes), "backends": {},
+               "differentiable": spec.differentiable,
+               "not_differentiable": spec.not_differentiable_reason() or None,
                "declared_at": declaration_at(spec)}
         for bname, b in backends.items():
             e = b.kernels.get(spec.name)
@@ -88,7 +92,7 @@ def _listing(args: argparse.Namespace) -> int:
             devs = "; ".join(f"{d}: {len(ds)}/{len(row['dtypes'])} dtypes" for d, ds in b["devices"].items())
             cells.append(f"{b['kernel']} ({devs})" + ("" if b["origin"] == "builtin" else f" [{b['origin']}]"))
         t.add_row(row["name"], row["family"], *cells)
-    Console().print(t)
+    out.console().print(t)
     return 0
 
 
@@ -105,7 +109,8 @@ def register(sub) -> None:
                    help="with OP: its declaration, kernels, shape families, value domains, "
                         "tolerances, accuracy budgets, judge, oracles and known divergences, "
                         "each with the file:line it comes from")
-    o.add_argument("--format", choices=("table", "json", "markdown"), default="table",
-                   help="table (default), json, or markdown: the op reference page "
-                        f"({op_reference.COMMAND})")
+    out.add_format_option(o, choices=("table", "json", "markdown"), default="table",
+                          help="table (default), json (a list, one object per op: the shape "
+                               "docs/porting-a-kernel.md reads), or markdown: the op reference page "
+                               f"({op_reference.COMMAND})")
     o.set_defaults(fn=cmd_ops)

@@ -1,11 +1,15 @@
 """Options and output shared by several commands: matrix selection (--backend/--device/--mode/
---ops/--dtypes/--tf32), sharding and sampling, the progress bar and the end-of-run summary."""
+--ops/--dtypes/--tf32, the devices checked against this machine: check_devices), case ids
+(find_cases), sharding and sampling, the progress bar and the end-of-run summary (text through
+cli/_output.py, or summary_doc for --format json)."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
 from collections import Counter
+from collections.abc import Sequence
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -13,12 +17,14 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
+from rlx_conformance.backends import get_backend
+from rlx_conformance.cli import _output as out
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.generate.matrix import DTYPE_ABBREVIATIONS, Case, Target
 from rlx_conformance.judge.stability import classify, summary_line
-from rlx_conformance.run.session import backend_targets
+from rlx_conformance.run.session import backend_targets, build_cases, find_case
 
 # Still failing, known divergences included (a run fails only on core.results.RUN_FAILING):
 # what `repro` exits 1 on and what the end-of-run summary counts per op.
@@ -44,9 +50,62 @@ def add_matrix_options(p: argparse.ArgumentParser) -> None:
                         "(default: as the environment says)")
 
 
-def targets(args):
+def check_devices(backend: str, devices: str | Sequence[str]) -> str | list[str]:
+    """``devices`` (a name, names or "all") after checking them against this machine: a device
+    asked for by name that the machine lacks (``gpu`` without an MLX GPU) is a usage error
+    (RlxError: one line, exit 2), not a run whose cases all skip; "all" runs the devices the
+    machine has and says on stderr which it skips. Unknown names are left to backend_targets."""
+    b = get_backend(backend)
+    here = b.devices()
+    if devices == "all":
+        lacking = [d for d in b.all_devices() if d not in here]
+        if lacking:
+            print(f"warning: {backend}: this machine has no {', '.join(lacking)}: skipped "
+                  f"(running {', '.join(here)})", file=sys.stderr)
+        return devices
+    names = [devices] if isinstance(devices, str) else list(devices)
+    lacking = [d for d in names if d in b.all_devices() and d not in here]
+    if lacking:
+        raise RlxError(f"{backend}: this machine has no {', '.join(lacking)} (it has {', '.join(here)}); "
+                       "--device all runs the devices it has")
+    return names
+
+
+def find_cases(ids: Sequence[str]) -> list[Case]:
+    """The cases of these ids (``run --case``, ``repro``), dtype abbreviations accepted (f16,
+    bf16: matrix.DTYPE_ABBREVIATIONS), each device checked against this machine; an id the
+    matrix lacks is an error naming the closest ids of its op and target."""
+    cases = []
+    for case_id in ids:
+        parts = case_id.strip().split("/")
+        if len(parts) >= 4:
+            parts[1] = DTYPE_ABBREVIATIONS.get(parts[1].lower(), parts[1])
+        wanted = "/".join(parts)
+        try:
+            c = find_case(wanted)
+        except RlxError as e:
+            if not str(e).startswith("no case with id"):
+                raise
+            raise RlxError(f"{e}{_close_ids(wanted)}") from None
+        check_devices(c.target.backend, c.target.device)
+        cases.append(c)
+    return cases
+
+
+def _close_ids(case_id: str) -> str:
+    """' (did you mean ...?)' with the ids of the same op and target closest to ``case_id``."""
+    parts = case_id.split("/")
+    t = Target.parse(parts[-1])
+    ids = [c.id for c in build_cases([Target(t.backend, t.device, t.mode)], ops=[parts[0]],
+                                     tf32="both" if t.variant else None)]
+    close = difflib.get_close_matches(case_id, ids, n=3, cutoff=0.8)
+    return f" (did you mean {' or '.join(out.quote(i) for i in close)}?)" if close else ""
+
+
+def targets(args) -> list[Target]:
+    """The targets of --backend/--device/--mode, the devices checked against this machine."""
     modes = args.mode if args.mode in (None, "all") else split([args.mode])
-    return backend_targets(args.backend, args.device, modes)
+    return backend_targets(args.backend, check_devices(args.backend, args.device), modes)
 
 
 def tf32_run(args, cases) -> dict:
@@ -110,31 +169,75 @@ def progress(total: int, enabled: bool) -> _Progress:
     return _Progress(total, enabled)
 
 
-def print_summary(run, show: int) -> None:
-    console = Console(stderr=False, highlight=False)
-    summary = res.summarize(run.results)
-    bad = [r for r in run.results if r.outcome in res.RUN_FAILING]
-    if bad:
-        t = Table(title=f"{len(bad)} bad case(s) (first {min(show, len(bad))})", show_lines=False)
-        for col in ("outcome", "case id", "max ulp", "message"):
-            t.add_column(col, overflow="fold")
-        for r in bad[:show]:
-            t.add_row(r.outcome, r.id, "" if r.max_ulp is None else f"{r.max_ulp:g}", r.message.splitlines()[0][:160] if r.message else "")
-        console.print(t)
+def bad_results(run) -> list[res.CaseResult]:
+    """The cases that fail the run, in run order."""
+    return [r for r in run.results if r.outcome in res.RUN_FAILING]
+
+
+def _by_op(run) -> dict[str, dict[str, int]]:
+    """Per op, the counts of its still-failing outcomes (known divergences included)."""
     per_op = Counter((r.op, r.outcome) for r in run.results if r.outcome in STILL_FAILING)
-    if per_op:
-        ops = sorted({op for op, _ in per_op})
-        console.print("by op: " + ", ".join(
-            f"{op} ({', '.join(f'{o} {n}' for (p, o), n in sorted(per_op.items()) if p == op)})" for op in ops))
+    out: dict[str, dict[str, int]] = {}
+    for (op, o), n in sorted(per_op.items()):
+        out.setdefault(op, {})[o] = n
+    return out
+
+
+def summary_doc(run, show: int | None = None) -> dict:
+    """The end-of-run summary as data (``run --format json``, schema rlx-conformance/run/v1):
+    ``summary`` (counts per outcome and ``total``), ``wall_s``, ``bad_total`` and ``bad`` (the
+    first ``show`` bad cases, all when None: id, outcome, message, max_ulp, max_abs_err,
+    max_rel_err, repro, rerun), ``by_op`` (per op, its still-failing outcome counts),
+    ``stability`` (class counts), ``kernels_not_builtin``, ``warnings``, ``results`` (path)."""
+    bad = bad_results(run)
+    return {
+        "summary": res.summarize(run.results),
+        "wall_s": run.meta.get("wall_s", 0),
+        "bad_total": len(bad),
+        "bad": [{"id": r.id, "outcome": r.outcome, "message": r.message, "max_ulp": r.max_ulp,
+                 "max_abs_err": r.max_abs_err, "max_rel_err": r.max_rel_err, "repro": r.repro,
+                 "rerun": out.rerun_command(r.id)} for r in (bad if show is None else bad[:show])],
+        "by_op": _by_op(run),
+        "stability": classify(run.results)["counts"],
+        "kernels_not_builtin": [{"op": op, "backend": b, "origin": o} for op, b, o in _origins(run)],
+        "warnings": list(run.meta.get("warnings", [])),
+        "results": str(run.path) if run.path else None,
+    }
+
+
+def _origins(run) -> list[tuple[str, str, str]]:
+    # kernels from entry points (rlx_conformance.kernels) or validate --kernel
+    return sorted({(r.op, r.backend, r.origin) for r in run.results if r.origin != "builtin"})
+
+
+def print_summary(run, show: int) -> None:
+    """The end-of-run summary for terminals and logs: each bad case's outcome and id on a line
+    of its own with its errors and message under it, a table of the failing outcomes per op,
+    the counts, and the command that reruns one case, never wrapped."""
+    summary = res.summarize(run.results)
+    bad = bad_results(run)
+    if bad:
+        out.line(f"{len(bad)} bad case(s) (first {min(show, len(bad))}; all of them in results.json):")
+        for r in bad[:show]:
+            errors = out.errors_text(r.max_ulp, r.max_abs_err, r.max_rel_err)
+            out.case_item(r.outcome, r.id, ([errors] if errors else []) + out.message_lines(r.message))
+    by_op = _by_op(run)
+    if by_op:
+        cols = [o for o in STILL_FAILING if any(o in c for c in by_op.values())]
+        out.table("by op", ["op", *cols],
+                  [[op, *(str(c.get(o, "")) for o in cols)] for op, c in by_op.items()], right=cols)
     parts = [f"{summary[o]} {o}" for o in res.OUTCOMES if summary[o]]
-    console.print(f"{summary['total']} cases in {run.meta.get('wall_s', 0):.1f} s: " + ", ".join(parts))
-    console.print(summary_line(classify(run.results)))
-    origins = sorted({(r.op, r.backend, r.origin) for r in run.results if r.origin != "builtin"})
-    if origins:  # kernels from entry points (rlx_conformance.kernels) or validate --kernel
-        console.print("kernels not built in: " + "; ".join(f"{op} on {b} from {o}" for op, b, o in origins))
+    out.line(f"{summary['total']} cases in {run.meta.get('wall_s', 0):.1f} s: " + ", ".join(parts))
+    out.line(summary_line(classify(run.results)))
+    origins = _origins(run)
+    if origins:
+        out.line("kernels not built in:")
+        for op, b, o in origins:
+            out.line(f"  {op} on {b} from {o}")
     for w in run.meta.get("warnings", []):
-        console.print(f"warning: {w}")
+        out.line(f"warning: {w}")
+    if bad:
+        out.line("rerun one case:")
+        out.line(f"  {out.rerun_command(bad[0].id)}")
     if run.path:
-        console.print(f"results: {run.path}")
-
-
+        out.line(f"results: {run.path}")

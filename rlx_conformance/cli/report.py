@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlx_conformance.cli.diff import add_diff_options, check_lock, thresholds
+from rlx_conformance.generate.coverage import coverage_of_run
 from rlx_conformance.report import html as report_html
 from rlx_conformance.report import records
 from rlx_conformance.report.diff import compare
@@ -19,7 +20,8 @@ def cmd_report(args) -> int:
         d.lock = lock
     out = Path(args.out) if args.out else rep.dir / "report.html"
     p = pair(rep, records.load(args.pair)) if args.pair else None
-    report_html.write(rep, out, diff=d, lock=lock, with_plots=not args.no_plots, pairing=p)
+    report_html.write(rep, out, diff=d, lock=lock, with_plots=not args.no_plots, pairing=p,
+                      coverage=coverage_of_run(r["op"] for r in rep.cases))
     print(f"report: {out}")
     return 0
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlx_conformance.cli.options import STILL_FAILING
+from rlx_conformance.cli import _output as out
+from rlx_conformance.cli.options import STILL_FAILING, find_cases
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.runner import DEFAULT_TIMEOUT, Runner
-from rlx_conformance.run.session import find_case
 
 
 def register(sub) -> None:
@@ -22,24 +22,35 @@ def register(sub) -> None:
                         "dir to refresh its bundle)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help=f"seconds before the case counts as hung (default {DEFAULT_TIMEOUT:g})")
+    out.add_format_option(p, help="text (default) or json (schema rlx-conformance/repro/v1: id, "
+                                  "outcome, message, max_ulp, max_abs_err, max_rel_err, divergence, "
+                                  "bundle, repro_py, exit)")
     p.set_defaults(fn=cmd_repro)
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    case = find_case(args.case_id)
+    (case,) = find_cases([args.case_id])
     report = Path(args.report)
     sink = BundleSink(report, always=True, timeout=args.timeout)
     (r,) = list(Runner(workers=1, timeout=args.timeout, bundles=sink).run([case]))
-    print(f"{r.outcome}  {r.id}")
-    if r.message:
-        print("  " + r.message.replace("\n", "\n  "))
-    if r.max_ulp is not None:
-        print(f"  max abs {r.max_abs_err:.3g}, max rel {r.max_rel_err:.3g}, max ulp {r.max_ulp:g}")
+    code = 1 if r.outcome in STILL_FAILING else 0
+    folder = report / r.repro if r.repro else None
+    script = folder / "repro.py" if folder is not None and (folder / "repro.py").is_file() else None
+    if args.format == "json":
+        out.emit_json("repro", {"id": r.id, "outcome": r.outcome, "message": r.message,
+                                "max_ulp": r.max_ulp, "max_abs_err": r.max_abs_err,
+                                "max_rel_err": r.max_rel_err,
+                                "divergence": (r.divergence or {}).get("entry"),
+                                "bundle": str(folder) if folder else None,
+                                "repro_py": str(script) if script else None, "exit": code})
+        return code
+    errors = out.errors_text(r.max_ulp, r.max_abs_err, r.max_rel_err)
+    details = out.message_lines(r.message, where=f"{folder / 'case.json'}" if folder else "the bundle")
+    out.case_item(r.outcome, r.id, details + ([errors] if errors else []), indent="")
     if r.outcome == "pass" and r.divergence is not None:
-        print(f"  passes inside known divergence {r.divergence['entry']}: if none of its cases fails, "
-              "the entry is stale")
-    if r.repro:
-        folder = report / r.repro
-        print(f"bundle: {folder}/" + (f"  (python {folder / 'repro.py'})" if (folder / "repro.py").is_file()
-                                      else "  (no repro.py: see case.json)"))
-    return 1 if r.outcome in STILL_FAILING else 0
+        out.line(f"{out.DETAIL}passes inside known divergence {r.divergence['entry']}: if none of its "
+                 "cases fails, the entry is stale")
+    if folder is not None:
+        out.line(f"bundle: {folder}/")
+        out.line(f"  python {script}" if script else "  (no repro.py: see case.json)")
+    return code

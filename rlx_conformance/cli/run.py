@@ -1,18 +1,25 @@
 """rlx-conformance run: the case matrix (or --case IDs) on a backend against the CPU reference,
-results.json, repro bundles and a summary; exit 1 when any case is bad."""
+results.json, repro bundles and a summary (text, or ``--format json``: schema rlx-conformance/run/v1,
+the keys of options.summary_doc plus repro_bundles, repro_dir and exit, and exhaustive with
+--exhaustive: cli/exhaustive.py's sweep_after_run); exit 1 when any case is bad."""
 from __future__ import annotations
 
 import sys
 from collections import Counter
 from pathlib import Path
 
+from rlx_conformance.cli import _output as out
+from rlx_conformance.cli.exhaustive import add_run_option as add_exhaustive_option
+from rlx_conformance.cli.exhaustive import sweep_after_run
 from rlx_conformance.cli.options import (
     add_matrix_options,
+    find_cases,
     parse_shard,
     print_summary,
     progress,
     sample,
     split,
+    summary_doc,
     targets,
     tf32_run,
 )
@@ -22,8 +29,8 @@ from rlx_conformance.run.session import (
     build_cases,
     default_report_dir,
     execute,
-    find_case,
     resume_cases,
+    selection,
 )
 
 
@@ -31,9 +38,11 @@ def cmd_run(args) -> int:
     if args.repeat < 1 or args.sample < 1:
         raise RlxError("--repeat and --sample want a count >= 1")
     if args.case:
-        cases = [find_case(i) for i in args.case]
+        cases = find_cases(args.case)
     else:
         cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32)
+    chosen = selection(cases, ops=split(args.ops), dtypes=split(args.dtypes), tf32=args.tf32,
+                       sample=args.sample, case_ids=args.case)  # before the shard takes its part
     shard = None
     if args.shard:
         i, n = parse_shard(args.shard)
@@ -67,15 +76,25 @@ def cmd_run(args) -> int:
             run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
                           strict_divergences=not (args.case or args.shard or args.sample > 1),
                           repeat=args.repeat, bundles=not args.no_bundles, shard=shard,
-                          prior=prior, prior_wall_s=prior_wall, **tf32)
+                          prior=prior, prior_wall_s=prior_wall, selection=chosen, **tf32)
         except KeyboardInterrupt:
             print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
             return 130
-    print_summary(run, args.show)
+    code = 1 if run.failed else 0
     n_bundles = sum(1 for r in run.results if r.repro)
+    if args.format == "json":
+        sweep = sweep_after_run(args, report) if args.exhaustive else None  # exhaustive.py: run --exhaustive
+        code = max(code, sweep["exit"] if sweep else 0)
+        out.emit_json("run", {**summary_doc(run), "repro_bundles": n_bundles,
+                              "repro_dir": str(report / "repro") if n_bundles else None, "exit": code,
+                              **({"exhaustive": sweep} if sweep else {})})
+        return code
+    print_summary(run, args.show)
     if n_bundles:
-        print(f"repro bundles: {n_bundles} under {report / 'repro'} (python <bundle>/repro.py)")
-    return 1 if run.failed else 0
+        out.line(f"repro bundles: {n_bundles} under {report / 'repro'} (python <bundle>/repro.py)")
+    if args.exhaustive:
+        code = max(code, sweep_after_run(args, report)["exit"])
+    return code
 
 
 
@@ -97,6 +116,10 @@ def register(sub) -> None:
                         "bit-stability over repeats and modes (default 1)")
     r.add_argument("--show", type=int, default=25, help="bad cases to list at the end (default 25)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_exhaustive_option(r)
     r.add_argument("--no-bundles", action="store_true",
                    help="no repro bundles (REPORT/repro/<case>/) for the cases that fail the run")
+    out.add_format_option(r, help="text (default) or json: the summary as one document on stdout "
+                                  "(schema rlx-conformance/run/v1: options.summary_doc, plus "
+                                  "repro_bundles, repro_dir, exit), every bad case listed")
     r.set_defaults(fn=cmd_run)

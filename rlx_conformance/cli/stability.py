@@ -7,6 +7,7 @@ import datetime as _dt
 import json
 from pathlib import Path
 
+from rlx_conformance.cli import _output as out
 from rlx_conformance.core import results as res
 from rlx_conformance.core.data import data_path
 from rlx_conformance.core.errors import RlxError
@@ -52,6 +53,9 @@ def register(sub) -> None:
                         "the (op, dtype, backend, device) this run covered are replaced, others kept)")
     p.add_argument("--file", metavar="PATH", help="the file --update writes (default: cases/bit_stable.toml)")
     p.add_argument("--show", type=int, default=40, help="non-stable groups to list (default 40)")
+    out.add_format_option(p, help="text (default) or json (schema rlx-conformance/stability/v1: counts "
+                                  "per class, groups: every group with its class, as results.json's "
+                                  "stability section; updated: file and groups written, or null)")
     p.set_defaults(fn=cmd_stability)
 
 
@@ -81,18 +85,24 @@ def cmd_stability(args) -> int:
     cases, run = load_runs(args.results)
     section = st.classify(cases)
     bad = [g for g in section["groups"] if g["class"] in ("nondeterministic", "mode-dependent")]
+    updated = None
+    if args.update:
+        path = Path(args.file) if args.file else data_path(st.RECORDED_FILE)
+        updated = {"file": str(path), "groups": update_file(path, section, run, len(args.results))}
+    if args.format == "json":
+        out.emit_json("stability", {"counts": section["counts"], "groups": section["groups"],
+                                    "updated": updated})
+        return 0
     for g in bad[:args.show]:
         extra = f"differs from {', '.join(g['differs_from'])}: {g['mode_dependent_cases']}/{g['cases']} cases" \
             if g["class"] == "mode-dependent" else f"{g['nondeterministic_cases']}/{g['cases']} cases"
-        print(f"{g['class']:16} {g['op']}/{g['dtype']}/{g['backend']}-{g['device']}-{g['mode']}  {extra}"
-              f"  e.g. {g['examples'][0]}")
+        out.line(f"{g['class']:16} {g['op']}/{g['dtype']}/{g['backend']}-{g['device']}-{g['mode']}  {extra}")
+        out.line(f"{'':16} e.g. {g['examples'][0]}")
     if len(bad) > args.show:
-        print(f"... and {len(bad) - args.show} more")
-    print(st.summary_line(section))
-    if args.update:
-        path = Path(args.file) if args.file else data_path(st.RECORDED_FILE)
-        n = update_file(path, section, run, len(args.results))
-        print(f"{path}: {n} (op, dtype, backend, device) groups recorded bit-stable")
+        out.line(f"... and {len(bad) - args.show} more")
+    out.line(st.summary_line(section))
+    if updated:
+        out.line(f"{updated['file']}: {updated['groups']} (op, dtype, backend, device) groups recorded bit-stable")
     return 0
 
 

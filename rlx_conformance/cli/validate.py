@@ -2,13 +2,18 @@
 kernel against the CPU reference (rlx_conformance/run/validate.py) and print the verdict."""
 from __future__ import annotations
 
+import json
+import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from rlx_conformance.cli.options import split
+from rlx_conformance.cli import _output as out
+from rlx_conformance.cli.options import check_devices, split
 from rlx_conformance.core import results as res
 from rlx_conformance.run.validate import rerun_command, validate
 
@@ -43,6 +48,7 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run (default 60)")
     p.add_argument("--show", type=int, default=5, help="worst cases to list (default 5)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_format_option(p)
     p.set_defaults(fn=cmd_validate)
 
 
@@ -53,6 +59,8 @@ def cmd_validate(args) -> int:
         if interactive:
             print(f"validate: {msg}", file=sys.stderr)
 
+    if args.device != "all":  # validate runs one device; "all" is refused by validate() itself
+        check_devices(args.backend, args.device)
     try:
         v = validate(args.op, args.kernel, backend=args.backend, device=args.device, mode=args.mode,
                      dtypes=split(args.dtypes), case_ids=args.case, report_dir=Path(args.report) if args.report else None,
@@ -62,11 +70,14 @@ def cmd_validate(args) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    print_verdict(v, show=args.show)
+    if args.format == "json":  # the document validate.json holds
+        out.emit_json("validate", json.loads((v.report_dir / "validate.json").read_text()))
+    else:
+        print_verdict(v, show=args.show)
     return v.exit_code
 
 
-def _table(title: str, key: str, v) -> "object":
+def _table(title: str, key: str, v) -> object:
     counts = v.counts(key)
     cols = [o for o in SHOWN if o in ("pass", "fail") or any(c[o] for c in counts.values())]
     t = Table(title=title, title_justify="left")
@@ -81,11 +92,63 @@ def _table(title: str, key: str, v) -> "object":
     return t
 
 
+def _attr_table(v) -> object | None:
+    """Outcome counts per attribute value (only attributes that take several values), so that
+    "every batch_dims > 0 case fails and every batch_dims = 0 passes" reads off one table."""
+    by = {k: vals for k, vals in v.attr_counts().items() if len(vals) > 1}
+    if not by:
+        return None
+    rows = [(f"{k}={val}", c) for k, vals in by.items() for val, c in vals.items()]
+    cols = [o for o in SHOWN if o in ("pass", "fail") or any(c[o] for _, c in rows)]
+    t = Table(title="by attribute value", title_justify="left")
+    t.add_column("attribute")
+    t.add_column("run", justify="right")
+    for o in cols:
+        t.add_column(o, justify="right", style="red" if o in res.RUN_FAILING else None)
+    for name, c in rows:
+        t.add_row(name, str(sum(n for o, n in c.items() if o != "skip")), *[str(c[o]) if c[o] else "" for o in cols])
+    return t
+
+
+def _line(console, text: str, indent: int = 0) -> None:
+    """A line that must stay whole and copyable at any width (a case id, a command, a path):
+    never wrapped, never cut, no markup read into it."""
+    out.line(" " * indent + text)
+
+
+def _figures(r) -> str:
+    """The measured errors of a failing case in words: wrong positions for a bit-exact or integer
+    output (a ULP distance says nothing there), ULP/relative/absolute for a rounded one, and the
+    NaN/inf mismatches apart."""
+    m = r.mismatch or {}
+    kinds = ", ".join(f"{k} {n}" for k, n in (m.get("kinds") or {}).items())
+    exact = bool(m.get("exact"))
+    parts = []
+    if m:
+        parts.append(f"{m['count']}/{m['checked']} elements wrong" + (f" ({kinds})" if kinds else ""))
+    if r.nonfinite_mismatches:
+        parts.append(f"NaN/inf mismatches {r.nonfinite_mismatches}")
+    if not exact:
+        parts.append(f"max abs {_fmt(r.max_abs_err)}, max rel {_fmt(r.max_rel_err)}, max ulp {_fmt(r.max_ulp)}")
+    return "; ".join(parts)
+
+
+def _positions(console, r, indent: int) -> None:
+    for row in (r.mismatch or {}).get("first", []):
+        vals = [f"reference {row['expected']}"] if "expected" in row else []
+        if "builtin" in row:
+            vals.append(f"built-in {row['builtin']}")
+        if "actual" in row:
+            vals.append(f"contributed {row['actual']}")
+        at = f"output {row['output']} at {tuple(row['at'])}"
+        _line(console, f"{at}: {', '.join(vals)}" + (f"  <- {row['from']}" if row.get("from") else ""), indent)
+
+
 def _fmt(x) -> str:
     if x is None:
         return ""
     x = float(x)
-    if x != x:
+    if math.isnan(x):
         return "nan"
     return f"{x:.3g}"
 
@@ -99,34 +162,40 @@ def print_verdict(v, show: int = 5) -> None:
     if not console.is_terminal:  # a log or a pipe: room for case ids
         console.width = 140
     summary = res.summarize(v.results)
-    console.print(f"[bold]validate {v.op}[/bold] — kernel {v.origin} on {v.target} "
-                  f"({summary['total']} cases, {v.wall_s:.1f} s)")
+    console.print(f"[bold]validate {v.op}[/bold] — kernel {escape(v.origin)} on {v.target} "
+                  f"({summary['total']} cases, {v.wall_s:.1f} s)", soft_wrap=True)
     console.print(_table("by dtype", "dtype", v))
     console.print(_table("by shape family", "family", v))
+    attrs = _attr_table(v)
+    if attrs is not None:
+        console.print(attrs)
 
+    # Case ids and commands on lines of their own, never wrapped or cut (copyable at any width).
     worst = v.worst(show)
     if worst:
         nfail = sum(1 for r in v.results if r.outcome == "fail")
         nx = sum(1 for r in worst if r.outcome == "xfail")
-        t = Table(title=f"worst errors ({nfail} numeric failure(s) first"
-                  + (", then excused ones" if nx else "") + "; NaN/inf: elements whose NaN/inf "
-                  "pattern differs from the reference's, whatever the error figures say)",
-                  title_justify="left")
-        for col in ("case id", "NaN/inf", "max abs", "max rel", "max ulp", "message"):
-            t.add_column(col, overflow="fold")
-        for r in worst:
-            t.add_row(r.id + (" (xfail)" if r.outcome == "xfail" else ""), str(r.nonfinite_mismatches or 0),
-                      _fmt(r.max_abs_err), _fmt(r.max_rel_err), _fmt(r.max_ulp),
-                      (r.message or "").splitlines()[0][:300])
-        console.print(t)
+        console.print(f"[bold]worst errors[/bold] ({nfail} numeric failure(s) first"
+                      + (", then excused ones" if nx else "") + "; NaN/inf: elements whose NaN/inf "
+                      "pattern differs from the reference's, whatever the error figures say)")
+        for i, r in enumerate(worst, 1):
+            _line(console, f"{i}. {r.id}" + (" (xfail)" if r.outcome == "xfail" else ""))
+            _line(console, _figures(r), 3)
+            for m in out.message_lines(r.message):
+                _line(console, m, 3)
+            _positions(console, r, 3)
+            if r.outcome == "fail":
+                _line(console, "rerun: " + rerun_command(r), 3)
     other = [r for r in v.bad_cases if r.outcome != "fail"]
     if other:
-        t = Table(title=f"{len(other)} case(s) that did not compute a comparable result", title_justify="left")
-        for col in ("outcome", "case id", "message"):
-            t.add_column(col, overflow="fold")
+        console.print(f"[bold]{len(other)} case(s) that did not compute a comparable result[/bold]")
         for r in other[:show]:
-            t.add_row(r.outcome, r.id, (r.message or "").splitlines()[0][:160])
-        console.print(t)
+            _line(console, f"{r.outcome}: {r.id}")
+            for m in out.message_lines(r.message):
+                _line(console, m, 3)
+            _line(console, "rerun: " + rerun_command(r), 3)
+            if r.repro:
+                _line(console, f"bundle: {v.report_dir / r.repro / 'repro.py'}", 3)
 
     if v.error_probes:
         t = Table(title="error-input parity", title_justify="left")
@@ -163,9 +232,15 @@ def print_verdict(v, show: int = 5) -> None:
                 + (f", {f.known} shared with the built-in kernel (known divergence)" if f.known else ""))
         if f.failure is not None:
             console.print(line + f"; [red]FAILURE ({f.verdict.outcome})[/red], shrunk to {f.failure.describe()}: "
-                          f"{(f.verdict.message or '').splitlines()[0][:200] if f.verdict.message else ''}"
-                          + (f"\n  bundle: {v.report_dir / v.fuzz_bundle}" if v.fuzz_bundle else "")
-                          + (f"\n  note: {f.note}" if f.note else ""))
+                          f"{(f.verdict.message or '').splitlines()[0][:200] if f.verdict.message else ''}")
+            inputs = f.failure.small_values(limit=64) if f.failure.small_values() is None else None
+            if inputs is not None:  # describe() shows only a few values
+                _line(console, f"shrunk inputs: {json.dumps(inputs)}", 2)
+            _positions(console, SimpleNamespace(mismatch=f.verdict.measured.get("mismatch")), 2)
+            if v.fuzz_bundle:
+                _line(console, f"bundle: {v.report_dir / v.fuzz_bundle}", 2)
+            if f.note:
+                console.print(f"  note: {f.note}")
         else:
             console.print(line + "; no failure" + (f" ({f.note})" if f.note else ""))
 
@@ -173,15 +248,15 @@ def print_verdict(v, show: int = 5) -> None:
     parts = [f"{summary[o]} {o}" for o in res.OUTCOMES if summary[o]]
     console.print("cases: " + ", ".join(parts))
     if v.bundles:
-        console.print(f"repro bundles: {v.bundles} under {v.report_dir / 'repro'}")
+        _line(console, f"repro bundles: {v.bundles} under {v.report_dir / 'repro'}")
     if bad:
-        console.print(f"rerun one case: {rerun_command(bad[0])}")
-    console.print(f"report: {v.report_dir / 'validate.json'}, {v.report_dir / 'results.json'}")
+        _line(console, f"rerun one case: {rerun_command(bad[0])}")
+    _line(console, f"report: {v.report_dir / 'validate.json'}, {v.report_dir / 'results.json'}")
     rejected = sum(1 for p in v.error_probes if not p.ok)
     if v.exit_code == 0:
         extra = [f"{summary[o]} {o}" for o in ("xfail", "skip") if summary[o]]
-        console.print(f"[green bold]PASS[/green bold]: {v.op} with {v.origin} passes every case on {v.target}"
-                      + (f" ({', '.join(extra)}: see above)" if extra else ""))
+        console.print(f"[green bold]PASS[/green bold]: {v.op} with {escape(v.origin)} passes every case on {v.target}"
+                      + (f" ({', '.join(extra)}: see above)" if extra else ""), soft_wrap=True)
     else:
         why = []
         if bad:
@@ -190,4 +265,5 @@ def print_verdict(v, show: int = 5) -> None:
             why.append(f"{rejected} error input(s) accepted")
         if v.fuzz is not None and v.fuzz.failure is not None:
             why.append("a fuzz failure")
-        console.print(f"[red bold]FAIL[/red bold]: {v.op} with {v.origin} on {v.target}: " + ", ".join(why))
+        console.print(f"[red bold]FAIL[/red bold]: {v.op} with {escape(v.origin)} on {v.target}: " + ", ".join(why),
+                      soft_wrap=True)

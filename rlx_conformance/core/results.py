@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import json
+import math
 import os
 import platform
 import sys
@@ -85,9 +86,14 @@ class CaseResult:
     # output elements whose NaN/inf pattern differs from the reference's (compare.Comparison.
     # nonfinite): such a failure is of kind "nonfinite", not "value" (failure_kind)
     nonfinite_mismatches: int | None = None
+    # a failing case's wrong elements (run/execute.py mismatch; None otherwise, and in records
+    # written before it existed): count, checked, counts per kind (NaN, inf, value, signed
+    # zero, ...), and the first few positions with the reference's and the target's values and,
+    # for a gather or scatter, the index tuple that produced them ("from")
+    mismatch: dict[str, Any] | None = None
 
     @classmethod
-    def for_case(cls, case, outcome: str, **kw: Any) -> "CaseResult":
+    def for_case(cls, case, outcome: str, **kw: Any) -> CaseResult:
         t = case.target
         return cls(id=case.id, op=case.op, dtype=case.dtype, shape=[list(s) for s in case.shapes],
                    family=case.family, attrs={k: _jsonable(v) for k, v in case.attrs}, vals=case.vals,
@@ -99,7 +105,7 @@ class CaseResult:
         return _jsonable(asdict(self))
 
     @classmethod
-    def from_json(cls, rec: dict[str, Any]) -> "CaseResult":
+    def from_json(cls, rec: dict[str, Any]) -> CaseResult:
         """A record of results.json back as a CaseResult (merge re-judges shard records): fields
         this version does not know are dropped; measured errors "inf"/"-inf" become floats again
         (NaN was stored as null and stays None), so ``to_json`` gives the record back."""
@@ -119,7 +125,7 @@ def _jsonable(v: Any) -> Any:
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # numpy scalars
         v = v.item()
     if isinstance(v, float):
-        if v != v:
+        if math.isnan(v):
             return None
         if v in (float("inf"), float("-inf")):
             return "inf" if v > 0 else "-inf"

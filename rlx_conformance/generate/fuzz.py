@@ -7,7 +7,9 @@ family is redrawn in [1, MAX_DIM], 0 and 1 stay, so sizes that must agree still 
 from each input's value domain (its typical range, or its special-value pool: NaN, ±inf, ±0,
 subnormals, the domain's boundaries and their ulp neighbours); attributes from their declared
 choices or sweeps. Ops whose inputs are structured (``OpSpec.generate``: indices, CSR, SPD
-matrices) keep their families' shapes and draw a value class and a seed for the generator.
+matrices) draw a value class and a seed for the generator, and shapes like the other ops' (or
+their family's shapes with sizes redrawn, as the other ops), so that shrinking reduces their
+sizes and values too.
 Shape inference rejects what the spec forbids (hypothesis discards the example).
 
 Each example is judged like a matrix case (:func:`rlx_conformance.run.execute.judge`); running the
@@ -72,6 +74,9 @@ class Example:
         shapes = " + ".join("x".join(map(str, s)) or "scalar" for s in self.shapes)
         attrs = ", ".join(f"{k}={v!r}" for k, v in self.attrs)
         out = f"{self.dtype} [{shapes}]" + (f" {attrs}" if attrs else "") + f" (family {self.family})"
+        actual = [tuple(x.shape) for x in self.inputs]
+        if actual != [tuple(s) for s in self.shapes]:  # a generate hook's inputs (indices, CSR)
+            out += " inputs " + " + ".join("x".join(map(str, s)) or "scalar" for s in actual)
         values = self.small_values()
         return out + (f", inputs {values}" if values else "")
 
@@ -114,7 +119,8 @@ class FuzzReport:
             out["failure"] = {"example": self.failure.describe(), "dtype": self.failure.dtype,
                               "shapes": [list(s) for s in self.failure.shapes],
                               "attrs": {k: _plain(v) for k, v in self.failure.attrs},
-                              "family": self.failure.family, "inputs": self.failure.small_values(),
+                              "family": self.failure.family, "inputs": self.failure.small_values(limit=64),
+                              "input_shapes": [list(x.shape) for x in self.failure.inputs],
                               "outcome": self.verdict.outcome,
                               "message": self.verdict.message, **self.verdict.measured}
         return out
@@ -168,7 +174,7 @@ def _elements(st, dtype: str, domain: str, attrs: dict[str, Any]):
         if spec.get("exclude_zero"):
             rng = rng.filter(lambda v: v != 0)
         return np.dtype(np.int64), st.one_of(rng, st.sampled_from([int(v) for v in pool]))
-    rng = st.integers(int(math.ceil(lo)), int(math.floor(hi))).map(float) if spec.get("integers_only") \
+    rng = st.integers(math.ceil(lo), math.floor(hi)).map(float) if spec.get("integers_only") \
         else st.floats(float(lo), float(hi))
     return np.dtype(np.float64), st.one_of(rng, st.sampled_from([float(v) for v in pool.astype(np.float64)]))
 
@@ -189,7 +195,9 @@ def example_strategy(spec: OpSpec, dtypes: Sequence[str]):
         dtype = draw(st.sampled_from(list(dtypes)))
         family = draw(st.sampled_from(names))
         base = fams[family]
-        shapes = draw(_shapes_like(st, base)) if spec.generate is None else base
+        # An op with a generate hook shrinks its shapes too (sizes toward 1, the family's
+        # equalities kept; its generator derives the inputs' shapes from them).
+        shapes = draw(_shapes_like(st, base))
         rank = len(shapes[0]) if shapes and isinstance(shapes[0], tuple) else 0
         raw = {a.name: draw(_attr_strategy(st, a, rank, shapes)) for a in spec.attrs}
         raw = {k: v for k, v in raw.items() if v is not REQUIRED}
@@ -217,7 +225,12 @@ def example_strategy(spec: OpSpec, dtypes: Sequence[str]):
             seed = draw(st.integers(0, 2**32 - 1))
             try:
                 inputs = spec.generate(lambda k: values.Stream(f"fuzz:{seed}#{k}"), shapes, dtype, attrs, vals)
-            except SpecError:
+                # a redrawn shape the structure forbids (an index depth past the data's rank):
+                # the spec rejects it, as it rejects a matrix case
+                spec.validate([x.shape for x in inputs], [dt.name_of(x.dtype) for x in inputs], dict(attrs))
+            except (SpecError, ValueError, IndexError):
+                hypothesis.reject()
+            if sum(x.size for x in inputs) > MAX_ELEMENTS:
                 hypothesis.reject()
             vals = f"{vals}-seed{seed}"
         return Example(spec.name, dtype, tuple(shapes), family, tuple((a.name, attrs[a.name]) for a in spec.attrs),
@@ -235,7 +248,7 @@ def explore(spec: OpSpec, dtypes: Sequence[str], n: int, evaluate: Callable[[Exa
             derandomize: bool = False) -> FuzzReport:
     """Run hypothesis for ``n`` examples; the first failure is shrunk (hypothesis replays smaller
     examples through ``evaluate``) and reported with its verdict."""
-    hypothesis, st, _ = hypothesis_modules()
+    hypothesis, _, _ = hypothesis_modules()
     report = FuzzReport(requested=n, derandomized=derandomize)
     last: list[tuple[Example, Verdict]] = []
 
@@ -267,7 +280,7 @@ def explore(spec: OpSpec, dtypes: Sequence[str], n: int, evaluate: Callable[[Exa
         report.note = f"the failure did not reproduce on replay: {type(e).__name__}"
         if last:
             report.failure, report.verdict = last[-1]
-    except BaseException as e:  # noqa: BLE001 — an ExceptionGroup around _Found (several bugs)
+    except BaseException as e:  # an ExceptionGroup around _Found (several bugs)
         found = _find(e)
         if found is None:
             raise

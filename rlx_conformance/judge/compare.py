@@ -99,6 +99,22 @@ class Comparison:
     # reference has another): a failure kind of its own, which a known divergence must name to
     # excuse (judge/divergences.py)
     nonfinite: int = 0
+    # on failure only: the first few wrong positions (row-major order), and the count of wrong
+    # elements per kind (NaN, inf, value, signed zero, order-dependent outcome) — what a bit-exact
+    # or integer output reports instead of ULP figures, which mean nothing for a value read from
+    # the wrong place
+    positions: list[tuple[int, ...]] = field(default_factory=list)
+    kinds: dict[str, int] = field(default_factory=dict)
+    exact: bool = False  # judged bit for bit (integers, bools, data movement)
+
+
+FIRST_POSITIONS = 5  # wrong positions a failing Comparison lists (cheap: only on failure)
+
+
+def first_positions(bad: np.ndarray, k: int = FIRST_POSITIONS) -> list[tuple[int, ...]]:
+    """The first ``k`` True positions of ``bad`` in row-major order, as index tuples."""
+    flat = np.flatnonzero(bad)[:k]
+    return [_flat_index(bad.shape, int(i)) for i in flat]
 
 
 # Outcomes legal at an order-dependent position (Bound.allow bits), besides the reference's own
@@ -247,11 +263,13 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
     if not dt.is_float(name_dt):
         bad = (expected != actual) & judged
         nbad = int(bad.sum())
-        res = Comparison(nbad == 0, mismatches=nbad, checked=int(judged.sum()))
+        res = Comparison(nbad == 0, mismatches=nbad, checked=int(judged.sum()), exact=True)
         if nbad:
             i = int(np.flatnonzero(bad)[0])
             idx = _flat_index(expected.shape, i)
             res.worst_index = idx
+            res.positions = first_positions(bad)
+            res.kinds = {"value": nbad}
             e64 = expected.astype(np.float64)
             a64 = actual.astype(np.float64)
             res.max_abs_err = float(np.max(np.abs(e64 - a64)[bad]))
@@ -317,18 +335,26 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
         order_dependent=int((judged & free).sum()),
         nonfinite=int(((nan_bad | inf_bad) & fixed | free_bad).sum()),
         unbounded=0 if babs is None else int((fixed & np.isfinite(e) & ~(babs < fmax)).sum()),
+        exact=exact,
     )
     if not res.ok:
         kinds = [k for k, v in (("NaN", nan_bad & fixed), ("inf", inf_bad & fixed), ("value", val_bad & fixed),
                                 ("signed zero", sz_bad & fixed), ("order-dependent outcome", free_bad))
                  if v.any()]
+        res.kinds = {k: int(v.sum()) for k, v in (
+            ("NaN", nan_bad & fixed), ("inf", inf_bad & fixed), ("value", val_bad & fixed),
+            ("signed zero", sz_bad & fixed), ("order-dependent outcome", free_bad)) if v.any()}
+        res.positions = first_positions(bad)
         score = np.where(bad, np.where(finite & ~free, ulp, np.inf), -1.0)
         i = int(np.argmax(score))
         idx = _flat_index(expected.shape, i)
         res.worst_index = idx
+        # A bit-exact output (data movement: a gather, a copy) is right or wrong per element: a
+        # ULP distance between the right value and one read from elsewhere says nothing.
+        figures = (f"max ulp {res.max_ulp:g}, max abs {res.max_abs_err:.3g}" if not exact else
+                   f"first wrong at {', '.join(map(str, res.positions))}")
         res.message = (f"{name}: {res.mismatches}/{n} elements differ ({', '.join(kinds)}); worst at "
-                       f"{idx}: expected {expected.flat[i]!r}, got {actual.flat[i]!r} "
-                       f"(max ulp {res.max_ulp:g}, max abs {res.max_abs_err:.3g})")
+                       f"{idx}: expected {expected.flat[i]!r}, got {actual.flat[i]!r} ({figures})")
         if free_bad.flat[i]:
             legal_names = [nm for bit, nm in ((POS_INF, "+inf"), (NEG_INF, "-inf"), (NAN, "NaN"),
                                               (FINITE, "a finite value within the bound"),
@@ -354,6 +380,7 @@ def nonfinite_mismatch(expected: np.ndarray, actual: np.ndarray, name: str = "ou
         return None
     i = int(np.flatnonzero(bad)[0])
     return Comparison(False, mismatches=int(bad.sum()), nonfinite=int(bad.sum()), checked=e.size, worst_index=_flat_index(e.shape, i),
+                      positions=first_positions(bad), kinds={"NaN/inf": int(bad.sum())},
                       message=f"{name}: {int(bad.sum())}/{e.size} elements differ from the reference in "
                               f"NaN/inf (first at {_flat_index(e.shape, i)}: expected {expected.flat[i]!r}, "
                               f"got {actual.flat[i]!r})")

@@ -95,7 +95,8 @@ _KSIZE = Attr("kernel_size", "ints", default=(), doc="() = the weight's; must ma
 declare(name="conv", family="conv",
         doc="1-D/2-D cross-correlation, NCHW: x [N, Cin, *sp], w [Cout, Cin/groups, *k], bias "
             "[Cout] or empty; stride, padding (per dim, or begins+ends), dilation, groups",
-        inputs=(Input("x", domain="conv_x"), Input("w", domain="conv_w"), Input("bias", domain="conv_w")),
+        inputs=(Input("x", domain="conv_x", ranks=(3, 4)), Input("w", domain="conv_w", ranks=(3, 4)),
+                Input("bias", domain="conv_w", ranks=(1, 1))),
         dtypes=FLOATS,
         attrs=(_KSIZE, _STRIDE,
                Attr("padding", "ints", default=(), sweep=_sweep(((), (2, 0), (0, 2, 1, 0)), ((), (0, 2, 1, 0))),
@@ -111,7 +112,8 @@ declare(name="conv_transpose2d", family="conv",
         doc="2-D transposed convolution (the gradient of conv w.r.t. its input), NCHW: x [N, Cin, "
             "H, W], w [Cin, Cout/groups, kH, kW]; out = (in-1)*stride - 2*padding + "
             "dilation*(k-1) + output_padding + 1",
-        inputs=(Input("x", domain="conv_x"), Input("w", domain="conv_w"), Input("bias", domain="conv_w")),
+        inputs=(Input("x", domain="conv_x", ranks=(4, 4)), Input("w", domain="conv_w", ranks=(4, 4)),
+                Input("bias", domain="conv_w", ranks=(1, 1))),
         dtypes=FLOATS,
         attrs=(Attr("stride", "ints", default=(), sweep=((), (2,)), doc="() = 1"),
                Attr("padding", "ints", default=(), sweep=_sweep(((), (1,)), ((1,),)), doc="() = 0, symmetric"),
@@ -128,7 +130,7 @@ declare(name="pool", family="conv",
         doc="max or average pooling, NCHW, 1-D or 2-D (len(kernel_size)); stride () = the window; "
             "padding never wins a max and is excluded from an average (ONNX count_include_pad=0); "
             "max propagates NaN",
-        inputs=(Input("x", domain="conv_x"),), dtypes=FLOATS,
+        inputs=(Input("x", domain="conv_x", ranks=(3, 4)),), dtypes=FLOATS,
         attrs=(Attr("kind", "enum", default="max", choices=("max", "avg"), sweep=("max", "avg")),
                Attr("kernel_size", "ints", sweep=((3,), (16, 12))),
                Attr("stride", "ints", default=(), sweep=((), (1,)), doc="() = kernel_size"),

@@ -171,7 +171,8 @@ custom_op(
     doc="ONNX ScatterElements (opset 18): out = copy(data); out[idx with axis coord = "
         "indices[idx]] = updates[idx], or reduced into it with add/mul/max/min (every "
         "duplicate applied; NaN propagates through max/min)",
-    inputs=(Input("data"), Input("indices", dtypes=INDEX_DTYPES, role="index"), Input("updates")),
+    inputs=(Input("data", ranks=(1, None)), Input("indices", dtypes=INDEX_DTYPES, role="index", ranks=(1, None)),
+            Input("updates", ranks=(1, None))),
     attrs=(Attr("axis", "int", default=0, sweep="axis"),
            Attr("reduction", "enum", default="none", choices=REDUCTIONS, sweep=REDUCTIONS)),
     codec=Codec((Field("axis", "i32"), Field("reduction", "i32", REDUCTION_CODES))),
@@ -231,7 +232,7 @@ def _gather_elements_errors():
 custom_op(
     "onnx.GatherElements",
     doc="ONNX GatherElements (opset 13): out[idx] = data[idx with axis coord = indices[idx]]",
-    inputs=(Input("data"), Input("indices", dtypes=INDEX_DTYPES, role="index")),
+    inputs=(Input("data", ranks=(1, None)), Input("indices", dtypes=INDEX_DTYPES, role="index", ranks=(1, None))),
     attrs=(Attr("axis", "int", default=0, sweep="axis"),),
     codec=Codec((Field("axis", "i32"),)),
     dtypes=dt.ALL, infer=infer_gather_elements, check_values=check_gather_elements,
@@ -309,7 +310,7 @@ custom_op(
     "onnx.GatherND",
     doc="ONNX GatherND (opset 13): slices data[batch, indices[batch, ..., :]] for each index "
         "tuple; out shape = indices.shape[:-1] + data.shape[batch_dims + k:]",
-    inputs=(Input("data"), Input("indices", dtypes=("int64",), role="index")),
+    inputs=(Input("data", ranks=(1, None)), Input("indices", dtypes=("int64",), role="index", ranks=(1, None))),
     attrs=(Attr("batch_dims", "int", default=0, sweep=_gather_nd_batch_dims),),
     codec=Codec((Field("batch_dims", "i32"),)),
     dtypes=dt.ALL, infer=infer_gather_nd, check_values=check_gather_nd,
@@ -385,7 +386,8 @@ custom_op(
     "onnx.ScatterND",
     doc="ONNX ScatterND (opset 18): out = copy(data); out[indices[i]] = updates[i] (a slice "
         "when k < rank), or reduced into it with add/mul/max/min",
-    inputs=(Input("data"), Input("indices", dtypes=("int64",), role="index"), Input("updates")),
+    inputs=(Input("data", ranks=(1, None)), Input("indices", dtypes=("int64",), role="index", ranks=(1, None)),
+            Input("updates")),
     attrs=(Attr("reduction", "enum", default="none", choices=REDUCTIONS, sweep=REDUCTIONS),),
     codec=Codec((Field("reduction", "i32", REDUCTION_CODES),)),
     dtypes=dt.ALL, infer=infer_scatter_nd, check_values=check_scatter_nd,
@@ -549,13 +551,13 @@ def _csr_errors(op: str, square: bool):
     return out
 
 
-_CSR_INPUTS = (Input("values"), Input("col_idx", dtypes=("int32",), role="index"),
-               Input("row_ptr", dtypes=("int32",), role="index"))
+_CSR_INPUTS = (Input("values", ranks=(1, 1)), Input("col_idx", dtypes=("int32",), role="index", ranks=(1, 1)),
+               Input("row_ptr", dtypes=("int32",), role="index", ranks=(1, 1)))
 
 custom_op(
     "rlx_sparse.mat_vec",
     doc="y[r] = sum over row r's entries k of values[k] * x[col_idx[k]] (x has one entry per column)",
-    inputs=_CSR_INPUTS + (Input("x"),), infer=infer_mat_vec, check_values=check_mat_vec,
+    inputs=_CSR_INPUTS + (Input("x", ranks=(1, 1)),), infer=infer_mat_vec, check_values=check_mat_vec,
     shapes="csr", values=("random", "empty_rows", "dense_rows", "special"), generate=gen_mat_vec,
     error_inputs=lambda: _csr_errors("rlx_sparse.mat_vec", False), policy=matvec_check(),
     dtypes=SPARSE_DTYPES, low_precision="native",
@@ -564,8 +566,9 @@ custom_op(
 custom_op(
     "rlx_sparse.values_grad",
     doc="out[k] = u[row(k)] * v[col_idx[k]] (the gradient of u^T A v w.r.t. A's stored values)",
-    inputs=(Input("col_idx", dtypes=("int32",), role="index"),
-            Input("row_ptr", dtypes=("int32",), role="index"), Input("u"), Input("v")),
+    inputs=(Input("col_idx", dtypes=("int32",), role="index", ranks=(1, 1)),
+            Input("row_ptr", dtypes=("int32",), role="index", ranks=(1, 1)), Input("u", ranks=(1, 1)),
+            Input("v", ranks=(1, 1))),
     infer=infer_values_grad, check_values=check_values_grad, shapes="csr",
     values=("random", "empty_rows", "dense_rows", "special"), generate=gen_values_grad,
     error_inputs=lambda: _csr_errors("rlx_sparse.values_grad", False),
@@ -575,7 +578,7 @@ custom_op(
 custom_op(
     "rlx_sparse.lu_solve",
     doc="x = A^-1 b for square CSR A (sparse LU with partial pivoting); a singular A is an error",
-    inputs=_CSR_INPUTS + (Input("b"),), infer=infer_square_solve,
+    inputs=_CSR_INPUTS + (Input("b", ranks=(1, 1)),), infer=infer_square_solve,
     check_values=_check_square("rlx_sparse.lu_solve"), shapes="csr_square",
     values=("dominant", "pivot", "spd", "ill"), generate=gen_square,
     error_inputs=lambda: _csr_errors("rlx_sparse.lu_solve", True), policy=lu_check(),
@@ -586,7 +589,7 @@ custom_op(
     "rlx_sparse.cg_solve",
     doc="conjugate gradient for SPD A from x0 = 0: stop when ||r||_2 < tol (the recursively "
         "updated residual) or after max_iter iterations",
-    inputs=_CSR_INPUTS + (Input("b"),), infer=infer_square_solve,
+    inputs=_CSR_INPUTS + (Input("b", ranks=(1, 1)),), infer=infer_square_solve,
     attrs=(Attr("max_iter", "int", default=1000, sweep=(5, 100)),
            Attr("tol", "float", default=1e-8, sweep=(1e-4, 1e-9))),
     codec=Codec((Field("max_iter", "u32"), Field("tol", "f64"))),

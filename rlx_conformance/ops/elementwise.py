@@ -81,12 +81,19 @@ def _shift_undefined(inputs, attrs):
 
 
 # -- declaration helpers -------------------------------------------------------------------------
+# Why the rounding activations have no derivative (OpSpec.not_differentiable)
+PIECEWISE_CONSTANT = ("piecewise constant: the derivative is 0 wherever it exists and undefined at "
+                      "the jumps, so there is no rule to verify (frameworks return 0)")
+
+
 @declaration_helper
-def unary(name: str, doc: str, *, domain: str = "real", policy: Policy = APPROX) -> OpSpec:
+def unary(name: str, doc: str, *, domain: str = "real", policy: Policy = APPROX,
+          not_differentiable: str = "") -> OpSpec:
     """A float activation: one input ``x`` drawn from ``domain``, output of x's shape and dtype."""
     return declare(name=name, family="activation", doc=doc,
                    inputs=(Input("x", domain=domain),), dtypes=dt.FLOATS,
-                   infer=infer.same, shapes="unary", policy=policy, error_inputs=_activation_errors)
+                   infer=infer.same, shapes="unary", policy=policy, error_inputs=_activation_errors,
+                   not_differentiable=not_differentiable)
 
 
 @declaration_helper
@@ -107,7 +114,7 @@ def comparison(name: str, doc: str) -> OpSpec:
     return declare(name=name, family="compare", doc=doc + " (IEEE: NaN compares unequal)",
                    inputs=(Input("a", domain="compare"), Input("b", domain="compare")), dtypes=dt.ALL,
                    infer=infer.predicate, shapes="binary", policy=EXACT,
-                   error_inputs=_broadcast_errors(dt.ALL))
+                   error_inputs=_broadcast_errors(dt.ALL), not_differentiable="a predicate: bool output")
 
 
 # -- activations ---------------------------------------------------------------------------------
@@ -128,10 +135,11 @@ unary("cos", "cosine", domain="trig")
 unary("tan", "tangent", domain="trig")
 unary("atan", "arc tangent")
 unary("recip", "1 / x")
-unary("round", "round half to even", domain="rounding", policy=EXACT_SZ)
-unary("floor", "floor", domain="rounding", policy=EXACT_SZ)
-unary("ceil", "ceil", domain="rounding", policy=EXACT_SZ)
-unary("sign", "-1, 0 or 1; sign(NaN) = NaN", policy=EXACT)
+unary("round", "round half to even", domain="rounding", policy=EXACT_SZ,
+      not_differentiable=PIECEWISE_CONSTANT)
+unary("floor", "floor", domain="rounding", policy=EXACT_SZ, not_differentiable=PIECEWISE_CONSTANT)
+unary("ceil", "ceil", domain="rounding", policy=EXACT_SZ, not_differentiable=PIECEWISE_CONSTANT)
+unary("sign", "-1, 0 or 1; sign(NaN) = NaN", policy=EXACT, not_differentiable=PIECEWISE_CONSTANT)
 unary("softplus", "log(1 + e^x), computed stably", domain="softplus")
 unary("elu", "x if x > 0 else e^x - 1 (alpha 1)", domain="exp")
 unary("erf", "error function")
@@ -206,5 +214,8 @@ declare(name="cast", family="cast", doc="convert to dtype `to`: float->int trunc
         inputs=(Input("x", domain="cast"),), dtypes=dt.ALL,
         attrs=(Attr("to", "dtype", sweep=dt.ALL),),
         infer=infer.cast, shapes="unary", policy=EXACT_SZ, undefined=_cast_undefined,
+        not_differentiable="a dtype conversion: to an integer or bool it has no derivative, and "
+                           "float to float is the identity up to one rounding (a step function), "
+                           "whose cotangent frameworks pass through by convention",
         error_inputs=lambda: [("unknown dtype", [_arr(3, "float32")], {"to": "float8"}),
                               ("complex dtype", [_arr(3, "float32")], {"to": "complex64"})])

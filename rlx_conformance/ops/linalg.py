@@ -306,7 +306,7 @@ FLOATS = dt.FLOATS
 
 declare(name="mat_mul", family="linalg", doc="numpy matmul: batched, broadcast batch dims; a 1-D "
         "operand is a row (lhs) or a column (rhs) that is dropped from the result",
-        inputs=(Input("a"), Input("b")), dtypes=FLOATS, infer=_matmul, shapes="linalg_matmul",
+        inputs=(Input("a", ranks=(1, None)), Input("b", ranks=(1, None))), dtypes=FLOATS, infer=_matmul, shapes="linalg_matmul",
         policy=Policy(bound=matmul_bound, bound_reason="any summation order: gamma_K * (|A||B|)"),
         error_inputs=lambda: [("contraction mismatch", [np.ones((2, 3), np.float32), np.ones((4, 2), np.float32)], {}),
                               ("scalar operand", [np.ones((), np.float32), np.ones(3, np.float32)], {})],
@@ -332,12 +332,12 @@ declare(name="dot_general", family="linalg",
 _SOLVE_POLICY = Policy(check=judge.solve_check, check_reason="backward error of GEPP (Higham Thm 9.4) "
                        "and kappa-scaled forward error")
 declare(name="dense_solve", family="linalg", doc="x with A x = b; A [n, n], b [n] or [n, k]; singular A is an error",
-        inputs=(Input("A"), Input("b")), dtypes=FLOATS, infer=_solve_infer(0), shapes="linalg_solve",
+        inputs=(Input("A", ranks=(2, 2)), Input("b", ranks=(1, 2))), dtypes=FLOATS, infer=_solve_infer(0), shapes="linalg_solve",
         values=("random", "illcond", "pivot"), generate=solve_generate, policy=_SOLVE_POLICY,
         error_inputs=_solve_errors)
 declare(name="batched_dense_solve", family="linalg",
         doc="dense_solve per batch entry: A [B, n, n], b [B, n] or [B, n, k]",
-        inputs=(Input("A"), Input("b")), dtypes=FLOATS, infer=_solve_infer(1),
+        inputs=(Input("A", ranks=(3, None)), Input("b", ranks=(2, None))), dtypes=FLOATS, infer=_solve_infer(1),
         shapes="linalg_batched_solve", values=("random", "illcond"), generate=solve_generate,
         policy=_SOLVE_POLICY,
         error_inputs=lambda: [("unbatched A", [np.eye(3, dtype=np.float32), np.ones(3, np.float32)], {}),
@@ -347,7 +347,7 @@ declare(name="batched_dense_solve", family="linalg",
 declare(name="cholesky", family="linalg",
         doc="lower-triangular L with positive diagonal, L L^T = A, for symmetric positive definite "
             "A [..., n, n]; a matrix that is not positive definite is an error",
-        inputs=(Input("A"),), dtypes=FLOATS, infer=_same_square, shapes="linalg_square",
+        inputs=(Input("A", ranks=(2, None)),), dtypes=FLOATS, infer=_same_square, shapes="linalg_square",
         values=("random", "illcond", "scaled"), generate=cholesky_generate,
         policy=Policy(check=judge.cholesky_check, check_reason="structure, reconstruction (Higham "
                       "Thm 10.3), kappa-scaled forward error"),
@@ -356,7 +356,7 @@ declare(name="cholesky", family="linalg",
 declare(name="triangular_solve", family="linalg",
         doc="X with op(T) X = B, T the lower (lower=true) or upper triangle of A [..., n, n] (the "
             "other triangle is never read), op(T) = T^T when transpose; B [..., n] or [..., n, k]",
-        inputs=(Input("A"), Input("B")), dtypes=FLOATS, infer=_trisolve_infer,
+        inputs=(Input("A", ranks=(2, None)), Input("B", ranks=(1, None))), dtypes=FLOATS, infer=_trisolve_infer,
         attrs=(Attr("lower", "bool", default=True, sweep=(True, False)),
                Attr("transpose", "bool", default=False, sweep=(False, True))),
         shapes="linalg_trisolve", values=("random", "illcond", "nan_outside"),
@@ -368,13 +368,13 @@ declare(name="triangular_solve", family="linalg",
 
 _DET_VALUES = ("random", "singular", "balanced", "extreme")
 declare(name="det", family="linalg", doc="determinant of A [..., n, n] (1 for n = 0)",
-        inputs=(Input("A"),), dtypes=FLOATS, infer=_det_infer, shapes="linalg_square",
+        inputs=(Input("A", ranks=(2, None)),), dtypes=FLOATS, infer=_det_infer, shapes="linalg_square",
         values=_DET_VALUES, generate=det_generate,
         policy=Policy(bound=judge.det_bound, bound_reason="LU backward error through the "
                       "adjugate: eps * sum |P||L||U| |adj A|^T + gamma_n |det|"),
         error_inputs=lambda: [("non-square", [np.ones((2, 3), np.float32)], {})])
 declare(name="log_det", family="linalg", doc="log |det A| of A [..., n, n] (-inf when singular; 0 for n = 0)",
-        inputs=(Input("A"),), dtypes=FLOATS, infer=_det_infer, shapes="linalg_square",
+        inputs=(Input("A", ranks=(2, None)),), dtypes=FLOATS, infer=_det_infer, shapes="linalg_square",
         values=_DET_VALUES, generate=det_generate,
         policy=Policy(bound=judge.log_det_bound, bound_reason="relative det bound + rounding of "
                       "the summed logs of the pivots"),
@@ -383,7 +383,7 @@ declare(name="log_det", family="linalg", doc="log |det A| of A [..., n, n] (-inf
 declare(name="svd", family="linalg",
         doc="thin SVD A = U diag(s) V^T of A [..., m, n], k = min(m, n): part u [..., m, k], "
             "s [..., k] (descending), vt [..., k, n]",
-        inputs=(Input("A"),), dtypes=FLOATS, infer=_svd_infer,
+        inputs=(Input("A", ranks=(2, None)),), dtypes=FLOATS, infer=_svd_infer,
         attrs=(Attr("part", "enum", default="s", choices=("u", "s", "vt"), sweep=("u", "s", "vt")),),
         shapes="linalg_rect", values=("random", "clustered", "graded"), generate=factor_generate,
         policy=Policy(check=judge.svd_check, check_reason="Weyl bound on s; orthonormality and "
@@ -393,7 +393,7 @@ declare(name="svd", family="linalg",
 declare(name="qr", family="linalg",
         doc="reduced QR A = Q R of A [..., m, n], k = min(m, n): part q [..., m, k] (orthonormal "
             "columns), r [..., k, n] (upper triangular); signs are free",
-        inputs=(Input("A"),), dtypes=FLOATS, infer=_qr_infer,
+        inputs=(Input("A", ranks=(2, None)),), dtypes=FLOATS, infer=_qr_infer,
         attrs=(Attr("part", "enum", default="r", choices=("q", "r"), sweep=("q", "r")),),
         shapes="linalg_rect", values=("random", "graded", "rankdef"), generate=factor_generate,
         policy=Policy(check=judge.qr_check, check_reason="orthonormality, triangularity, R^T R = A^T A, "

@@ -138,7 +138,10 @@ def _short_keys(values: tuple, long: tuple):
 _EPS = Attr("eps", "float", default=1e-5, doc="added to the variance (mean square) before the root")
 _AXIS = Attr("axis", "int", default=-1, sweep=(-1, -2, 0),
              doc="first normalized dim; normalizes x.shape[axis:]")
-_NORM_INPUTS = (Input("x", domain="nn_x"), Input("gamma", domain="nn_gamma"), Input("beta", domain="nn_beta"))
+_NORM_INPUTS = (Input("x", domain="nn_x", ranks=(1, None)), Input("gamma", domain="nn_gamma", ranks=(1, None)),
+                Input("beta", domain="nn_beta", ranks=(1, None)))
+# Per-channel parameters [C] (group_norm, batch_norm_inference)
+_CHANNEL_INPUTS = (Input("gamma", domain="nn_gamma", ranks=(1, 1)), Input("beta", domain="nn_beta", ranks=(1, 1)))
 
 
 @declaration_helper
@@ -168,6 +171,7 @@ norm("rms_norm", "x / sqrt(mean(x^2) + eps) * gamma + beta over x.shape[axis:]; 
                                            np.ones(2, np.float32)], {"axis": -1})])
 norm("group_norm", "x [N, C, ...] split into num_groups groups of C/num_groups channels; each "
      "group (with its spatial dims) normalized like layer_norm, then per-channel gamma, beta [C]",
+     inputs=(Input("x", domain="nn_x", ranks=(2, None)),) + _CHANNEL_INPUTS,
      attrs=(Attr("num_groups", "int", default=1, sweep=(1, 2, 32)), _EPS), infer=_group_norm_infer,
      shapes="nn_group_norm", bound=bounds.group_norm_bound,
      bound_reason="layer_norm's analysis per group",
@@ -175,7 +179,8 @@ norm("group_norm", "x [N, C, ...] split into num_groups groups of C/num_groups c
                                                        np.ones(6, np.float32)], {"num_groups": 4})])
 norm("batch_norm_inference", "(x - mean) / sqrt(var + eps) * gamma + beta with running "
      "statistics; feature dim last",
-     inputs=_NORM_INPUTS + (Input("mean", domain="nn_x"), Input("var", domain="nn_var")),
+     inputs=_NORM_INPUTS[:1] + _CHANNEL_INPUTS + (Input("mean", domain="nn_x", ranks=(1, 1)),
+                                                  Input("var", domain="nn_var", ranks=(1, 1))),
      attrs=(_EPS,), infer=_batch_norm_infer, shapes="nn_batch_norm", values=("random", "special"),
      bound=bounds.batch_norm_bound, bound_reason="a few roundings, also for the folded "
      "scale/shift form",
@@ -186,8 +191,8 @@ declare(name="attention", family="attention",
         doc="softmax(scale * q k^T [softcapped] [masked]) v per head; q [B, Sq, H*D], k, v "
             "[B, Sk, Hkv*D]; mask empty unless mask_kind is custom (nonzero = attend) or bias "
             "(additive); causal/sliding_window put query i at key position Sk - Sq + i",
-        inputs=(Input("q", domain="nn_qk"), Input("k", domain="nn_qk"), Input("v", domain="nn_v"),
-                Input("mask", domain="nn_mask")),
+        inputs=(Input("q", domain="nn_qk", ranks=(3, 3)), Input("k", domain="nn_qk", ranks=(3, 3)),
+                Input("v", domain="nn_v", ranks=(3, 3)), Input("mask", domain="nn_mask", ranks=(1, 4))),
         dtypes=FLOATS,
         attrs=(Attr("num_heads", "int", sweep=(1, 2, 4)),
                Attr("head_dim", "int", sweep=(8, 64)),
@@ -210,7 +215,8 @@ declare(name="attention", family="attention",
 declare(name="rope", family="attention",
         doc="rotary embedding of the first n_rot dims of each head of x [..., S, H*head_dim] with "
             "tables cos, sin [S, n_rot/2]: neox pairs (k, k + n_rot/2), gptj pairs (2k, 2k+1)",
-        inputs=(Input("x", domain="nn_x"), Input("cos", domain="nn_trig"), Input("sin", domain="nn_trig")),
+        inputs=(Input("x", domain="nn_x", ranks=(2, None)), Input("cos", domain="nn_trig", ranks=(2, 2)),
+                Input("sin", domain="nn_trig", ranks=(2, 2))),
         dtypes=FLOATS,
         attrs=(Attr("head_dim", "int", sweep=(8, 64)), Attr("n_rot", "int", sweep=(8, 32, 64)),
                Attr("style", "enum", default="neox", choices=("neox", "gptj"), sweep=("neox", "gptj"))),

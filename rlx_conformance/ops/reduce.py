@@ -85,9 +85,10 @@ def reduction(name: str, doc: str, *, dtypes: tuple[str, ...] = dt.NUMERIC, poli
 @declaration_helper
 def arg_reduction(name: str, doc: str) -> OpSpec:
     """arg_max/arg_min: an int64 index along ``axis``, exact; values drawn with many ties."""
-    return declare(name=name, family="reduce", doc=doc, inputs=(Input("x", domain="ties"),),
+    return declare(name=name, family="reduce", doc=doc, inputs=(Input("x", domain="ties", ranks=(1, None)),),
                    dtypes=dt.NUMERIC, attrs=(_AXIS, _KEEP), infer=infer.arg_reduce, shapes="reduce",
-                   policy=EXACT, error_inputs=_axis_errors(dt.NUMERIC, "axis", empty_axis=True))
+                   policy=EXACT, error_inputs=_axis_errors(dt.NUMERIC, "axis", empty_axis=True),
+                   not_differentiable="an int64 index: piecewise constant in x")
 
 
 @declaration_helper
@@ -95,7 +96,7 @@ def scan(name: str, doc: str, *, policy: Policy = EXACT, domain: str = "real",
          values: tuple[str, ...] = SPREAD) -> OpSpec:
     """A running reduction along ``axis`` with ``exclusive`` and ``reverse``."""
     return declare(name=name, family="scan", doc=doc + " (exclusive: shifted by one, identity first; "
-                   "reverse: from the end)", inputs=(Input("x", domain=domain),), dtypes=dt.NUMERIC,
+                   "reverse: from the end)", inputs=(Input("x", domain=domain, ranks=(1, None)),), dtypes=dt.NUMERIC,
                    attrs=_SCAN_ATTRS, infer=infer.along_axis, shapes="reduce", values=values,
                    policy=policy, error_inputs=_axis_errors(dt.NUMERIC, "axis"))
 
@@ -114,7 +115,7 @@ arg_reduction("arg_max", "index of the max; ties and NaN: first wins")
 arg_reduction("arg_min", "index of the min; ties and NaN: first wins")
 
 declare(name="softmax", family="reduce", doc="exp(x - max) / sum exp(x - max) along axis",
-        inputs=(Input("x", domain="real"),), dtypes=dt.FLOATS, attrs=(_AXIS,),
+        inputs=(Input("x", domain="real", ranks=(1, None)),), dtypes=dt.FLOATS, attrs=(_AXIS,),
         infer=infer.along_axis, shapes="reduce", values=ACCUMULATE,
         policy=_bounded(softmax_bound, "2(n+4)u relative + smallest-normal floor"),
         error_inputs=_axis_errors(dt.FLOATS, "axis"))

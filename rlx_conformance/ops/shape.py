@@ -46,7 +46,8 @@ INT32_MARKER = (32,)  # trailing shape-family entry: draw indices as int32
 @declaration_helper
 def layout(name: str, doc: str, *, inputs: tuple[Input, ...], infer: Infer, shapes: str,
            attrs: tuple[Attr, ...] = (), generate: Generate | None = None,
-           check_values: CheckValues | None = None, error_inputs: ErrorInputs | None = None) -> OpSpec:
+           check_values: CheckValues | None = None, error_inputs: ErrorInputs | None = None,
+           uncovered: tuple[tuple[str, str], ...] = ()) -> OpSpec:
     """A layout op: every dtype, values moved unchanged (bit-exact, signed zeros included),
     float16/bfloat16 kept in their dtype. Layout ops have no value-dependent code paths: the
     "special" class (half random draws, half NaN/inf/signed zeros/subnormals/extremes) checks
@@ -54,7 +55,7 @@ def layout(name: str, doc: str, *, inputs: tuple[Input, ...], infer: Infer, shap
     return declare(name=name, family="shape", doc=doc, inputs=inputs, dtypes=dt.ALL, attrs=attrs,
                    infer=infer, shapes=shapes, values=("special",), policy=EXACT,
                    low_precision="native", generate=generate, check_values=check_values,
-                   error_inputs=error_inputs)
+                   error_inputs=error_inputs, uncovered=uncovered)
 
 
 def _rank_at_least(op: str, shape: Shape, r: int) -> None:
@@ -104,7 +105,7 @@ def infer_transpose(spec, shapes, dtypes, attrs):
 
 layout("transpose", "out.shape[i] = x.shape[perm[i]]",
        inputs=(Input("x"),), infer=infer_transpose, shapes="transpose",
-       attrs=(Attr("perm", "ints", sweep=((), (1, 0), (0, 2, 1), (2, 0, 1), (3, 1, 0, 2))),),
+       attrs=(Attr("perm", "ints", sweep=((), (0,), (1, 0), (0, 2, 1), (2, 0, 1), (3, 1, 0, 2))),),
        error_inputs=lambda: [("repeated axis in perm", [_x(2, 3)], {"perm": (0, 0)}),
                              ("perm shorter than the rank", [_x(2, 3, 4)], {"perm": (1, 0)}),
                              ("perm entry out of range", [_x(2, 3)], {"perm": (0, 2)}),
@@ -128,7 +129,7 @@ def infer_narrow(spec, shapes, dtypes, attrs):
 
 
 layout("narrow", "the len elements from start along axis (start < 0 counts from the end)",
-       inputs=(Input("x"),), infer=infer_narrow, shapes="narrow",
+       inputs=(Input("x", ranks=(1, None)),), infer=infer_narrow, shapes="narrow",
        attrs=(Attr("axis", "int", sweep=(0, -1)), Attr("start", "int", sweep=(1, -3)),
               Attr("len", "int", sweep=(0, 2))),
        error_inputs=lambda: [("start past the end", [_x(4, 3)], {"axis": 0, "start": 5, "len": 0}),
@@ -165,7 +166,7 @@ def infer_slice(spec, shapes, dtypes, attrs):
 
 layout("slice", "out[i] = x[start + i*step] along axis for i < len (negative steps walk "
        "backwards; start < 0 counts from the end; every read position must be in range)",
-       inputs=(Input("x"),), infer=infer_slice, shapes="slice",
+       inputs=(Input("x", ranks=(1, None)),), infer=infer_slice, shapes="slice",
        attrs=(Attr("axis", "int", sweep=(0, -1)), Attr("start", "int", sweep=(0, -1)),
               Attr("len", "int", sweep=(3,)), Attr("step", "int", sweep=(1, 2, -1, -3))),
        error_inputs=lambda: [
@@ -189,7 +190,7 @@ def infer_concat(spec, shapes, dtypes, attrs):
 
 
 layout("concat", "join the inputs along axis (one or more inputs)",
-       inputs=(Input("xs", variadic=True),), infer=infer_concat, shapes="concat",
+       inputs=(Input("xs", variadic=True, ranks=(1, None)),), infer=infer_concat, shapes="concat",
        attrs=(Attr("axis", "int", sweep=(0, -1)),),
        error_inputs=lambda: [("rank mismatch", [_x(2, 3), _x(2, 3, 1)], {"axis": 0}),
                              ("sizes differ off the axis", [_x(2, 3), _x(2, 4)], {"axis": 0}),
@@ -223,7 +224,7 @@ def infer_reverse(spec, shapes, dtypes, attrs):
 
 
 layout("reverse", "flip the listed axes (empty list: no axis, the identity)",
-       inputs=(Input("x"),), infer=infer_reverse, shapes="reverse",
+       inputs=(Input("x", ranks=(1, None)),), infer=infer_reverse, shapes="reverse",
        attrs=(Attr("axes", "ints", sweep=((0,), (-1,), (0, 2), (2, 0, 1))),),
        error_inputs=lambda: [("axis out of range", [_x(2, 3)], {"axes": (2,)}),
                              ("axis below -rank", [_x(2, 3)], {"axes": (-3,)}),
@@ -252,7 +253,7 @@ def infer_trilu(spec, shapes, dtypes, attrs):
 
 layout("trilu", "ONNX Trilu over the last two axes: keep j - i >= diagonal (upper) or "
        "j - i <= diagonal (lower), zero elsewhere",
-       inputs=(Input("x"),), infer=infer_trilu, shapes="trilu",
+       inputs=(Input("x", ranks=(2, None)),), infer=infer_trilu, shapes="trilu",
        attrs=(Attr("upper", "bool", sweep=(False, True)),
               Attr("diagonal", "int", default=0, sweep=(2, -1))),
        error_inputs=lambda: [("rank 1", [_x(3)], {"upper": True}),
@@ -299,7 +300,7 @@ def infer_pad(spec, shapes, dtypes, attrs):
 layout("pad", "pad each axis: constant(value) | reflect (mirror, edge not repeated) | "
        "replicate (edge value) | circular (wrap around)",
        inputs=(Input("x"),), infer=infer_pad, shapes="pad",
-       attrs=(Attr("pads", "ints", sweep=((2, 3), (1, 0, 0, 2), (0, 2, 1, 1, 0, 2))),
+       attrs=(Attr("pads", "ints", sweep=((), (2, 3), (1, 0, 0, 2), (0, 2, 1, 1, 0, 2))),
               Attr("mode", "enum", default="constant", choices=PAD_MODES, sweep=PAD_MODES),
               Attr("value", "float", default=0.0, sweep=(0.0, -2.0, math.nan))),
        error_inputs=lambda: [
@@ -353,7 +354,7 @@ def _gather_errors():
 
 layout("gather", "ONNX Gather: out = take(x, indices, axis); indices int32/int64 in "
        "[-s, s-1], negative from the end, out of range is an error",
-       inputs=(Input("x"), Input("indices", dtypes=INDEX_DTYPES, role="index")),
+       inputs=(Input("x", ranks=(1, None)), Input("indices", dtypes=INDEX_DTYPES, role="index")),
        infer=infer_gather, shapes="gather", attrs=(Attr("axis", "int", default=0, sweep="axis"),),
        generate=gen_gather, error_inputs=_gather_errors,
        check_values=lambda inputs, attrs: check_indices(
@@ -391,7 +392,7 @@ def _scatter_errors():
 
 declare(name="scatter_add", family="shape", doc="out = zeros([out_dim, *updates.shape[1:]]); "
         "out[indices[i]] += updates[i] (duplicates all accumulate; ints wrap)",
-        inputs=(Input("updates"), Input("indices", dtypes=INDEX_DTYPES, role="index")),
+        inputs=(Input("updates", ranks=(1, None)), Input("indices", dtypes=INDEX_DTYPES, role="index", ranks=(1, 1))),
         dtypes=dt.NUMERIC, infer=infer_scatter_add, shapes="scatter_add",
         attrs=(Attr("out_dim", "int", sweep=(5,)),), generate=gen_scatter_add,
         check_values=lambda inputs, attrs: check_indices("scatter_add", inputs[1], attrs["out_dim"], "out_dim"),
@@ -425,10 +426,13 @@ def gen_one_hot(stream, shapes, dtype, attrs, vals):
 declare(name="one_hot", family="shape", doc="out[..., j at axis, ...] = values[1] if index == j "
         "(negative indices from the end) else values[0]; indices outside [-depth, depth-1] give "
         "all values[0]",
-        inputs=(Input("indices", dtypes=INDEX_DTYPES, role="index"), Input("values")),
+        inputs=(Input("indices", dtypes=INDEX_DTYPES, role="index"), Input("values", ranks=(1, 1))),
         dtypes=dt.ALL, infer=infer_one_hot, shapes="one_hot",
         attrs=(Attr("depth", "int", sweep=(5,)), Attr("axis", "int", default=-1, sweep="axis")),
         generate=gen_one_hot, low_precision="native", policy=EXACT, values=("special",),
+        uncovered=(("rank:indices=0", ("the matrix's axis sweep ranges over the first input's axes "
+                                       "(generate/matrix.py), and a scalar has none, so no case of "
+                                       "scalar indices (output rank 1, axis -1 or 0) can be generated")),),
         # an index outside [-depth, depth-1] is not an error here (all values[0], as ONNX says)
         error_inputs=lambda: [("depth 0", [np.array([0, 1], np.int64), _x(2)], {"depth": 0}),
                               ("negative depth", [np.array([0, 1], np.int64), _x(2)], {"depth": -3}),
@@ -447,6 +451,7 @@ declare(name="non_zero", family="shape", doc="int64 [rank, count]: the coordinat
         "elements (NaN is nonzero, -0 is zero) in row-major order",
         inputs=(Input("x", domain="mostly_zero"),), dtypes=dt.ALL, infer=infer_non_zero,
         shapes="non_zero", low_precision="native", policy=EXACT, values=("random", "special"),
+        not_differentiable="int64 coordinates: piecewise constant in x",
         error_inputs=lambda: [("complex input (not a harness dtype)", [np.ones(3, np.complex64)], {}),
                               ("two inputs", [_x(3), _x(3)], {}),
                               ("unknown attribute", [_x(3)], {"axis": 0})])

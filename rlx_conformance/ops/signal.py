@@ -66,7 +66,7 @@ def infer_fft(spec, shapes, dtypes, attrs):
 declare(name="fft", family="signal", doc="1-D DFT along the axis before the trailing (real, imag) "
         "axis; inverse uses e^{+i...}; norm scales the forward/inverse by backward (1, 1/n), "
         "ortho (1/sqrt n both) or forward (1/n, 1)",
-        inputs=(Input("x"),), dtypes=FLOATS, infer=infer_fft, shapes="fft",
+        inputs=(Input("x", ranks=(2, None)),), dtypes=FLOATS, infer=infer_fft, shapes="fft",
         attrs=(Attr("inverse", "bool", default=False, sweep=(False, True)),
                Attr("norm", "enum", default="backward", choices=("backward", "ortho", "forward"),
                     sweep=("backward", "ortho", "forward"))),
@@ -94,7 +94,7 @@ def infer_rng(spec, shapes, dtypes, attrs):
 
 
 _SHAPE = Attr("shape", "ints", sweep=((100003,), (257, 389), (5,)), doc="output shape")
-_KEY = Input("key", dtypes=("uint32",), role="key", domain="rng_key")
+_KEY = Input("key", dtypes=("uint32",), role="key", domain="rng_key", ranks=(1, 1))
 
 
 def check_uniform(inputs, attrs) -> None:
@@ -121,6 +121,12 @@ def _uniform_errors():
                              {"shape": (2,)})]
 
 
+# Why rank-3 parameters have no case (generate/coverage.py reads OpSpec.uncovered)
+_RNG_RANK3 = ("the parameters broadcast to the `shape` attribute, whose sweep stops at rank 2, so no "
+              "rank-3 parameter fits a swept shape; covering it needs a rank-3 `shape` in the sweep, "
+              "which every rng family would then run")
+
+
 @declaration_helper
 def rng(name: str, doc: str, *, params: tuple[Input, Input], check: Callable[..., list[Any]],
         error_inputs: ErrorInputs, check_values: CheckValues | None = None) -> OpSpec:
@@ -129,7 +135,12 @@ def rng(name: str, doc: str, *, params: tuple[Input, Input], check: Callable[...
     return declare(name=name, family="random", doc=doc, inputs=params + (_KEY,), dtypes=FLOATS,
                    attrs=(_SHAPE,), infer=infer_rng, shapes="rng", values=("random",),
                    policy=Policy(check=check, check_reason=distributions.REASON),
-                   check_values=check_values, error_inputs=error_inputs)
+                   check_values=check_values, error_inputs=error_inputs,
+                   uncovered=tuple((f"rank:{p.name}=3+", _RNG_RANK3) for p in params),
+                   not_differentiable="a random draw: only its distribution is specified, and the "
+                                      "stream is the backend's, so no sample has a reference "
+                                      "derivative (a reparameterization gradient would need the "
+                                      "backend's own noise)")
 
 
 rng("rng_uniform", "uniform on [low, high) (low < high), elementwise parameters broadcast to "
@@ -240,10 +251,11 @@ _AXIS_Q = Attr("axis", "int", default=-1, sweep=(0, -1), doc="axis of per-axis p
 
 declare(name="quantize", family="quantize", doc="ONNX QuantizeLinear: saturate(round_half_even("
         "x / scale) + zero_point) to `to` (int8/uint8); per-tensor or per-axis parameters",
-        inputs=(Input("x"), Input("scale"), Input("zero_point", dtypes=QDTYPES)),
+        inputs=(Input("x"), Input("scale", ranks=(0, 1)), Input("zero_point", dtypes=QDTYPES, ranks=(0, 1))),
         dtypes=FLOATS, infer=infer_quantize, shapes="quantize",
         attrs=(_AXIS_Q, Attr("to", "dtype", default="int8", choices=QDTYPES, sweep=QDTYPES)),
         generate=gen_quantize, values=("random", "special"),
+        not_differentiable="integer output (rounding and saturation): piecewise constant",
         error_inputs=lambda: [
             ("zero_point dtype is not `to`", [_f32(2, 3), _f32(), np.zeros((), np.uint8)], {"to": "int8"}),
             ("to outside int8/uint8", [_f32(2, 3), _f32(), np.zeros((), np.int32)], {"to": "int32"}),
@@ -255,7 +267,7 @@ declare(name="quantize", family="quantize", doc="ONNX QuantizeLinear: saturate(r
 
 declare(name="dequantize", family="quantize", doc="ONNX DequantizeLinear: (x - zero_point) * "
         "scale in scale's dtype; per-tensor or per-axis parameters",
-        inputs=(Input("x", dtypes=QDTYPES), Input("scale"), Input("zero_point", dtypes=QDTYPES)),
+        inputs=(Input("x", dtypes=QDTYPES), Input("scale", ranks=(0, 1)), Input("zero_point", dtypes=QDTYPES, ranks=(0, 1))),
         dtypes=FLOATS, infer=infer_dequantize, shapes="dequantize", attrs=(_AXIS_Q,),
         generate=gen_dequantize, values=("random",),
         error_inputs=lambda: [
@@ -281,10 +293,13 @@ def infer_fake_quantize(spec, shapes, dtypes, attrs):
 declare(name="fake_quantize", family="quantize", doc="symmetric per-axis quantize-dequantize: "
         "scale = max|x| over the other axes / (2^(bits-1) - 1), y = clamp(round_half_even(x / "
         "scale), -qmax, qmax) * scale, y = x where scale is 0; IEEE steps in the compute dtype",
-        inputs=(Input("x"),), dtypes=FLOATS, infer=infer_fake_quantize, shapes="fake_quantize",
+        inputs=(Input("x", ranks=(1, None)),), dtypes=FLOATS, infer=infer_fake_quantize, shapes="fake_quantize",
         attrs=(Attr("bits", "int", default=8, sweep=(8, 4)), Attr("axis", "int", default=0,
                                                                    sweep=(0, -1))),
         values=("random", "special"),
+        not_differentiable="quantize-dequantize rounds x / scale to an integer (piecewise constant "
+                           "in x, with jumps); training uses a straight-through estimator, a "
+                           "convention rather than a derivative",
         error_inputs=lambda: [("bits below 2", [_f32(2, 3)], {"bits": 1}),
                               ("bits above 16", [_f32(2, 3)], {"bits": 17}),
                               ("axis out of range", [_f32(2, 3)], {"axis": 2}),
@@ -323,7 +338,7 @@ def gen_xent(stream, shapes, dtype, attrs, vals):
 
 declare(name="softmax_cross_entropy", family="loss", doc="per row (last axis = classes): "
         "-sum_c targets_c * log_softmax(logits)_c, with targets probabilities of the same shape",
-        inputs=(Input("logits"), Input("targets")), dtypes=FLOATS,
+        inputs=(Input("logits", ranks=(1, None)), Input("targets", ranks=(1, None))), dtypes=FLOATS,
         infer=infer_xent, shapes="xent", generate=gen_xent,
         values=("random", "special", "spread") + ACCUMULATION_CLASSES,
         # targets are probabilities of logits' shape (no integer labels to be out of range)

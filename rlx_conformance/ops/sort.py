@@ -31,13 +31,14 @@ _DESC = Attr("descending", "bool", default=False, sweep=(False, True))
 
 @declaration_helper
 def sort_op(name: str, doc: str, *, attrs: tuple[Attr, ...], infer: Infer,
-            error_inputs: ErrorInputs) -> OpSpec:
+            error_inputs: ErrorInputs, not_differentiable: str = "") -> OpSpec:
     """One input ``x`` of any dtype, values only moved: bit-exact, kept in their dtype.
     "special" draws half of each input from the domain (many ties) and half from the specials
     (NaN, +-inf, +-0, subnormals, extremes): ties, NaN order and signed zeros in one case."""
-    return declare(name=name, family="sort", doc=doc, inputs=(Input("x", domain="sort"),),
+    return declare(name=name, family="sort", doc=doc, inputs=(Input("x", domain="sort", ranks=(1, None)),),
                    dtypes=dt.ALL, attrs=attrs, infer=infer, shapes="sort", values=("special",),
-                   policy=EXACT, low_precision="native", error_inputs=error_inputs)
+                   policy=EXACT, low_precision="native", error_inputs=error_inputs,
+                   not_differentiable=not_differentiable)
 
 
 def infer_sort(spec, shapes, dtypes, attrs):
@@ -68,7 +69,8 @@ def infer_top_k(spec, shapes, dtypes, attrs):
 sort_op("sort", "sorted copy along axis (stable; NaN last ascending, first descending)",
         attrs=(_AXIS, _DESC), infer=infer_sort, error_inputs=_sort_errors)
 sort_op("arg_sort", "int64 indices that stably sort x along axis (NaN last ascending, first "
-        "descending)", attrs=(_AXIS, _DESC), infer=infer_sort, error_inputs=_sort_errors)
+        "descending)", attrs=(_AXIS, _DESC), infer=infer_sort, error_inputs=_sort_errors,
+        not_differentiable="int64 indices: piecewise constant in x")
 sort_op("top_k", "the k largest along the last axis, descending: values and int64 indices; ties "
         "go to the smaller index; NaN ranks above +inf",
         attrs=(Attr("k", "int", sweep=(1, 5)),), infer=infer_top_k,

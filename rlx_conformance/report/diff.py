@@ -11,11 +11,19 @@ grew past the thresholds); distribution drift (a group whose p99 or max ULP, or 
 grew over the cases both runs share: passing and excused cases apart); and tolerance-lock
 violations or lock lines above their accuracy budget. Fixed cases (bad in BASE and not in NEW,
 or xfail in BASE and passing in NEW), added or removed cases and other outcome changes are
-reported but do not fail."""
+reported but do not fail.
+
+A subset (NEW run with --ops, --dtypes, --device, --mode, --case, --shard or --sample, as its
+``run.selection`` records, or as its records show where it has none) is compared over the cases
+of its selection only: the baseline's other cases are counted as not run in this subset, never
+listed as removed, and a case is "removed" only when the selection holds it and NEW lacks it.
+A shard or a sample holds part of every op, so there "removed" cannot be told from "not drawn":
+its absent cases are counted with the rest."""
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from rlx_conformance.report.records import (
@@ -25,6 +33,7 @@ from rlx_conformance.report.records import (
     is_bad,
     key_str,
     measure,
+    target,
 )
 from rlx_conformance.report.stats import Dist, Errors, distributions
 
@@ -65,6 +74,69 @@ def _eps(dtype: str) -> float:
     return _EPS.get(dtype, _EPS["float64"])
 
 
+@dataclass(frozen=True)
+class Selection:
+    """The part of the matrix a run holds: op and dtype globs, targets (None: all of them), and
+    whether it is a shard, a sample or a list of case ids. ``recorded``: read from
+    ``run.selection`` (else inferred from the run's records, for a run that has none)."""
+
+    ops: tuple[str, ...] | None = None
+    dtypes: tuple[str, ...] | None = None
+    targets: tuple[str, ...] | None = None
+    cases: tuple[str, ...] | None = None
+    shard: str | None = None
+    sample: int = 1
+    recorded: bool = True
+
+    @classmethod
+    def of(cls, report: Report) -> Selection:
+        """The selection of a run: its recorded ``run.selection``, else what its records hold."""
+        sel = report.run.get("selection")
+        targets = report.run.get("targets") or sorted({target(r) for r in report.cases})
+        if isinstance(sel, dict):
+            return cls(ops=_tuple(sel.get("ops")), dtypes=_tuple(sel.get("dtypes")), targets=tuple(targets),
+                       cases=_tuple(sel.get("case")), shard=sel.get("shard"), sample=int(sel.get("sample") or 1))
+        return cls(ops=tuple(sorted({r["op"] for r in report.cases})),
+                   dtypes=tuple(sorted({r["dtype"] for r in report.cases})), targets=tuple(targets),
+                   shard=report.run.get("shard"), recorded=False)
+
+    @property
+    def partial(self) -> bool:
+        """A shard or a sample: it holds some cases of every op, dtype and target it names."""
+        return self.shard is not None or self.sample > 1
+
+    def holds(self, rec: Record) -> bool:
+        """Whether ``rec``'s case is inside the selection's ops, dtypes, targets and ids."""
+        return ((self.cases is None or rec["id"] in self.cases)
+                and (self.ops is None or any(fnmatchcase(rec["op"], g) for g in self.ops))
+                and (self.dtypes is None or any(fnmatchcase(rec["dtype"], g) for g in self.dtypes))
+                and (self.targets is None or target(rec) in self.targets))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ops": _list(self.ops), "dtypes": _list(self.dtypes), "targets": _list(self.targets),
+                "case": _list(self.cases), "shard": self.shard, "sample": self.sample, "recorded": self.recorded}
+
+    def describe(self) -> str:
+        """One line: what the subset was, e.g. "ops exp, log; dtypes float16; targets mlx-cpu-lazy"."""
+        parts = [f"{name} {', '.join(v)}" for name, v in (("ops", self.ops), ("dtypes", self.dtypes),
+                                                         ("targets", self.targets)) if v]
+        if self.cases:
+            parts.append(f"{len(self.cases)} case id(s)")
+        if self.shard:
+            parts.append(f"shard {self.shard}")
+        if self.sample > 1:
+            parts.append(f"sample every {self.sample}")
+        return "; ".join(parts) + ("" if self.recorded else " (inferred from its records)")
+
+
+def _tuple(v: Any) -> tuple[str, ...] | None:
+    return tuple(v) if v else None
+
+
+def _list(v: tuple[str, ...] | None) -> list[str] | None:
+    return list(v) if v is not None else None
+
+
 @dataclass
 class Diff:
     base: str | None  # results.json paths; base None = no baseline (every case is added)
@@ -78,7 +150,11 @@ class Diff:
     fixed: list[dict[str, Any]] = field(default_factory=list)
     outcome_changes: list[dict[str, Any]] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # inside NEW's selection, absent from NEW
+    # NEW's selection when it is a subset of BASE's cases (None: NEW holds the baseline's whole
+    # scope), and how many BASE cases lie outside it (or, for a shard or sample, were not drawn)
+    subset: Selection | None = None
+    not_in_subset: int = 0
     still_bad: int = 0
     error_drift: list[dict[str, Any]] = field(default_factory=list)  # passing in both runs
     excused_drift: list[dict[str, Any]] = field(default_factory=list)  # xfail in both runs
@@ -110,7 +186,7 @@ class Diff:
                 "new_excused": len(self.new_excused),
                 "new_excused_new_entry": len(self.new_excused_by_new_entry), "fixed": len(self.fixed),
                 "outcome_changes": len(self.outcome_changes), "added": len(self.added),
-                "removed": len(self.removed), "still_bad": self.still_bad,
+                "removed": len(self.removed), "not_in_subset": self.not_in_subset, "still_bad": self.still_bad,
                 "error_drift": len(self.error_drift), "excused_drift": len(self.excused_drift),
                 "distribution_drift": len(self.distribution_drift),
                 "excused_distribution_drift": len(self.excused_distribution_drift),
@@ -121,6 +197,7 @@ class Diff:
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "base": self.base, "new": self.new, "thresholds": asdict(self.thresholds),
                 "regression": self.regression, "counts": self.counts(),
+                "subset": None if self.subset is None else self.subset.to_json(),
                 "new_failures": self.new_failures, "newly_excused": self.newly_excused,
                 "new_excused": self.new_excused, "fixed": self.fixed,
                 "outcome_changes": self.outcome_changes, "error_drift": self.error_drift,
@@ -150,7 +227,14 @@ def compare(base: Report | None, new: Report, thresholds: Thresholds = Threshold
     # the entries BASE used (on any record: a pass inside an entry's scope names it too)
     base_entries = {e for e in map(_entry, b.values()) if e is not None}
     d.added = sorted(set(n) - set(b))
-    d.removed = sorted(set(b) - set(n))
+    absent = sorted(set(b) - set(n))
+    sel = Selection.of(new)
+    outside = [i for i in absent if sel.partial or not sel.holds(b[i])]
+    if outside:  # a subset: the baseline's cases outside it are counted, not listed
+        d.subset, d.not_in_subset = sel, len(outside)
+        d.removed = [i for i in absent if not sel.partial and sel.holds(b[i])]
+    else:
+        d.removed = absent
     for cid in d.added:
         if is_bad(n[cid].get("outcome")):
             d.new_failures.append({"id": cid, "base": None, "new": brief(n[cid])})

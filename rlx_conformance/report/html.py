@@ -260,6 +260,30 @@ def _exhaustive_doc(report_dir: Path) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("rows"), list) else None
 
 
+def validate_view(report: Report) -> dict | None:
+    """A validate run's own sections (validate.json beside results.json, run/validate.py): the
+    verdict, the per-attribute breakdown, error-input parity, speed and fuzzing; None for any
+    other run."""
+    p = report.dir / "validate.json"
+    if not report.run.get("validate") or not p.is_file():
+        return None
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    speed = doc.get("speed") or {}
+    return {"kernel": doc.get("kernel"), "op": doc.get("op"), "target": doc.get("target"),
+            "exit_code": doc.get("exit_code"),
+            "by_attr": [(f"{k}={v}", c) for k, vals in (doc.get("by_attr") or {}).items() if len(vals) > 1
+                        for v, c in vals.items()],
+            "error_inputs": doc.get("error_inputs") or [],
+            "speed": [(label, speed[k]) for k, label in (("builtin", "built-in kernel"), ("reference", "CPU reference"))
+                      if isinstance(speed.get(k), dict)],
+            "speed_note": speed.get("note"), "fuzz": doc.get("fuzz")}
+
+
 def exhaustive_view(doc: dict | None) -> dict | None:
     """The sweep's rows (failing first, then xfail/xpass, then the rest, in sweep order) with
     their error figures, worst inputs as hex and the known divergence of xfail rows."""
@@ -341,6 +365,18 @@ def oracle_view(cases: list[Record]) -> dict | None:
                      for r in bugs[:MAX_REF_BUGS]]}
 
 
+def coverage_view(docs: list[dict] | None) -> dict | None:
+    """The coverage section from generate/coverage.py's per-op documents (``coverage_of_run``,
+    computed by the caller: a report reads only results): the declared ranks, attribute classes
+    and dtypes the matrix never exercises, per op, and those an op justifies."""
+    if not docs:
+        return None
+    return {"ops": len(docs), "declared": sum(len(c["declared"]) for c in docs),
+            "gaps": [{"op": c["op"], "classes": c["gaps"]} for c in docs if c["gaps"]],
+            "justified": [{"op": c["op"], "cls": k, "reason": why} for c in docs
+                          for k, why in c["uncovered"].items()]}
+
+
 def pairing_view(p: Pairing | None) -> dict | None:
     """The pair's totals and its groups where the two sides differ (worst first)."""
     if p is None:
@@ -376,9 +412,11 @@ def _meta(run: dict[str, Any]) -> tuple[list[tuple[str, str]], str | None]:
 
 def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None = None,
             out_path: Path | None = None, with_plots: bool = True,
-            exhaustive: dict | None = None, pairing: Pairing | None = None) -> dict[str, Any]:
+            exhaustive: dict | None = None, pairing: Pairing | None = None,
+            coverage: list[dict] | None = None) -> dict[str, Any]:
     """``exhaustive``: the sweep's document; default: exhaustive.json beside results.json, if any.
-    ``pairing``: this run paired with a run on another device (pairing.py)."""
+    ``pairing``: this run paired with a run on another device (pairing.py). ``coverage``: the
+    run's ops' coverage documents (generate/coverage.py ``coverage_of_run``), or None."""
     cases = report.cases
     out_dir = (out_path or report.dir / "report.html").resolve().parent
     targets = sorted({target(r) for r in cases} | set(report.run.get("targets") or []), key=_target_sort)
@@ -410,8 +448,12 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
         "plots": dict.fromkeys(("hist", "worst", "outcomes")), "worst": stats.worst_ops(cases),
         "stability": stability_view(report), "oracle": oracle_view(cases),
         "pairing": pairing_view(pairing),
+        "coverage": coverage_view(coverage),
         "exhaustive": exhaustive_view(exhaustive if exhaustive is not None else _exhaustive_doc(report.dir)),
+        "validate": validate_view(report),
     }
+    if ctx["validate"] is not None:  # a contributed kernel's run: no nightly tolerance-lock proposals
+        ctx["lock"] = None
     if with_plots:
         ctx["plots"] = {"hist": plots.ulp_histograms(stats.ulps_by_family(cases)),
                         "worst": plots.worst_ops(ctx["worst"]),

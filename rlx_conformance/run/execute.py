@@ -16,7 +16,13 @@ from rlx_conformance.core.errors import KernelContractError, RlxError, Unsupport
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, make_inputs
 from rlx_conformance.judge import accuracy
-from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, Bound, compare
+from rlx_conformance.judge.compare import (
+    BIT_EXACT_TOLERANCE,
+    Bound,
+    Comparison,
+    compare,
+)
+from rlx_conformance.judge.positions import source
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import tolerance_for
 
@@ -98,6 +104,41 @@ def vacuous(expected: list[np.ndarray], bounds: list[Bound | None]) -> int:
     return n
 
 
+def element_text(x: np.ndarray, pos: tuple[int, ...]) -> str:
+    """One element in its dtype's shortest repr (float32 0.1 reads 0.1, not 0.10000000149)."""
+    return str(np.asarray(x)[pos])
+
+
+def mismatch(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], actual: list[np.ndarray],
+             comps: list[Comparison]) -> dict[str, Any] | None:
+    """The failing outputs' wrong elements, for a record (only on failure, the first few
+    positions): per kind counts (NaN, inf, value, signed zero...), and for each listed position
+    the reference's and the target's values and, for a gather or scatter, the index tuple that
+    produced it (judge/positions.py); ``exact``: every failing output is judged bit for bit
+    (integers, data movement), where wrong positions say what ULP figures cannot. None when no
+    comparison lists positions."""
+    wrong = [(k, c) for k, c in enumerate(comps) if not c.ok and c.positions]
+    if not wrong:
+        return None
+    kinds: dict[str, int] = {}
+    first: list[dict[str, Any]] = []
+    for k, c in wrong:
+        for kind, n in c.kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + n
+        e = expected[k] if k < len(expected) else None
+        a = actual[k] if k < len(actual) else None
+        for pos in c.positions:
+            row: dict[str, Any] = {"output": k, "at": list(pos)}
+            if e is not None and a is not None and e.shape == a.shape:
+                row["expected"], row["actual"] = element_text(e, pos), element_text(a, pos)
+            where = source(case.op, inputs, case.attr_dict, pos)
+            if where:
+                row["from"] = where
+            first.append(row)
+    return {"count": sum(c.mismatches for _, c in wrong), "checked": sum(c.checked for _, c in wrong),
+            "kinds": kinds, "exact": all(c.exact for _, c in wrong), "first": first}
+
+
 @dataclass
 class Verdict:
     """Every judge's say on one output of the backend under test: ``ok`` (the worst-case bound or
@@ -122,11 +163,11 @@ def verdict(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], ac
         orc = accuracy.assess(case, inputs, expected, actual, ok, ftz=ftz, bounds=bounds) \
             if case.declared else None
         n_vacuous = vacuous(expected, bounds)
-    measured: dict[str, Any] = dict(
-        max_abs_err=max((c.max_abs_err for c in comps), default=0.0),
-        max_rel_err=max((c.max_rel_err for c in comps), default=0.0),
-        max_ulp=max((c.max_ulp for c in comps), default=0.0),
-        tolerance=tol.to_json() if tol else None)
+    measured: dict[str, Any] = {
+        "max_abs_err": max((c.max_abs_err for c in comps), default=0.0),
+        "max_rel_err": max((c.max_rel_err for c in comps), default=0.0),
+        "max_ulp": max((c.max_ulp for c in comps), default=0.0),
+        "tolerance": tol.to_json() if tol else None}
     unasserted = {k: sum(getattr(c, k) for c in comps) for k in ("order_dependent", "unbounded")}
     if any(unasserted.values()):
         measured["unasserted"] = {k: v for k, v in unasserted.items() if v}
@@ -135,6 +176,10 @@ def verdict(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], ac
     nonfinite = sum(c.nonfinite for c in comps)
     if nonfinite:
         measured["nonfinite_mismatches"] = nonfinite
+    if not ok:
+        wrong = mismatch(case, inputs, expected, actual, comps)
+        if wrong:
+            measured["mismatch"] = wrong
     msg = "; ".join(c.message for c in comps if c.message)
     if orc is None:
         return Verdict(ok, msg, measured)

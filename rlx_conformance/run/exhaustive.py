@@ -66,6 +66,14 @@ def default_cache_dir() -> Path:
 
 
 # -- what is swept ---------------------------------------------------------------------------------
+def selected_dtypes(globs: Sequence[str] | None, f32_sample: int = 0) -> list[str]:
+    """The sweep's dtypes for a selection's --dtypes globs (None: all): float16 and bfloat16, and
+    float32 only with a float32 sample (``f32_sample`` > 0), those the globs match. Shared by
+    ``exhaustive`` and ``run --exhaustive``, so that one --dtypes means the same to both."""
+    every = [d for d in DTYPES if d != "float32" or f32_sample > 0]
+    return [d for d in every if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]
+
+
 def unary_ops(globs: Sequence[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """(op, attrs) of every unary op with a float oracle: one float input, float output; each
     combination of attribute sweeps (clamp's bounds; cast to every float dtype)."""
@@ -340,7 +348,7 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
                    dtypes: Sequence[str] | None = None, report_dir: Path | str | None = None, *,
                    f32_sample: int = 0, workers: int | None = None, timeout: float = 120.0,
                    cache_dir: Path | str | None | bool = True, reference: bool = True,
-                   init: str | None = None,
+                   init: str | None = None, shard: tuple[int, int] | None = None,
                    on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Sweep the unary float ops (``ops``: name globs, default all) over ``dtypes`` (default
     float16 and bfloat16; float32 needs ``f32_sample`` > 0) on the CPU reference (``reference``)
@@ -349,7 +357,8 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
     ``report_dir/exhaustive.json`` when a directory is given. ``cache_dir``: True = the default
     oracle cache (default_cache_dir()), a path, or None/False for none. A row's ``outcome`` is
     one of pass, fail, xfail, xpass, error, crash, timeout, skip; the run failed if any is in
-    SWEEP_FAILING (``doc["failed"]``)."""
+    SWEEP_FAILING (``doc["failed"]``). ``shard``: (I, N), sweep only the I-th of every N jobs
+    (op, attributes, dtype), as ``run --shard I/N --exhaustive`` does on each machine."""
     dtypes = list(dtypes or ("float16", "bfloat16"))
     for d in dtypes:
         if d not in DTYPES:
@@ -367,8 +376,10 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
             if d in get_op(op).dtypes:
                 jobs.append({"op": op, "attrs": attrs, "dtype": d, "targets": [str(t) for t in tlist],
                              "next": 0, "f32_sample": f32_sample, "cache": str(cache) if cache else None})
+    if shard is not None:
+        jobs = [j for k, j in enumerate(jobs) if k % shard[1] == shard[0] - 1]
     rows: list[dict[str, Any]] = []
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     t0 = time.perf_counter()
 
     def emit(job, i, row):
@@ -384,20 +395,42 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
     _Pool(max(n_workers, 1), timeout, init).run(jobs, emit)
     key = {(j["op"], _attr_label(j["attrs"]), j["dtype"]): k for k, j in enumerate(jobs)}
     rows.sort(key=lambda r: (key[(r["op"], _attr_label(r["attrs"]), r["dtype"])], r["target"] != str(REFERENCE), r["target"]))
-    summary = Counter(r["outcome"] for r in rows)
     doc = {"schema": SCHEMA,
            "run": run_metadata(start=started.isoformat(timespec="seconds"),
                                wall_s=round(time.perf_counter() - t0, 3), targets=[str(t) for t in tlist],
                                dtypes=dtypes, ops=sorted({op for op, _ in sel}), float32_sample=f32_sample,
                                workers=n_workers, oracle_version=precise.version(),
                                oracle_cache=str(cache) if cache else None,
-                               wide_longdouble=precise.WIDE_LONGDOUBLE),
-           "summary": {o: summary.get(o, 0) for o in ("pass", "fail", "xfail", "xpass", "error", "crash",
-                                                     "timeout", "skip")} | {"total": len(rows)},
-           "failed": any(r["outcome"] in SWEEP_FAILING for r in rows),
-           "rows": rows}
+                               wide_longdouble=precise.WIDE_LONGDOUBLE,
+                               **({"shard": f"{shard[0]}/{shard[1]}"} if shard else {})),
+           **_verdicts(rows)}
     if report_dir is not None:
-        path = Path(report_dir) / "exhaustive.json"
-        atomic_write_text(path, json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n")
-        doc["path"] = str(path)
+        write_doc(doc, Path(report_dir))
     return doc
+
+
+def _verdicts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A sweep document's summary, failed and rows, from its rows."""
+    summary = Counter(r["outcome"] for r in rows)
+    return {"summary": {o: summary.get(o, 0) for o in ("pass", "fail", "xfail", "xpass", "error", "crash",
+                                                       "timeout", "skip")} | {"total": len(rows)},
+            "failed": any(r["outcome"] in SWEEP_FAILING for r in rows), "rows": rows}
+
+
+def write_doc(doc: dict[str, Any], report_dir: Path) -> None:
+    """``report_dir/exhaustive.json``; sets ``doc["path"]``."""
+    path = Path(report_dir) / "exhaustive.json"
+    atomic_write_text(path, json.dumps(_jsonable({k: v for k, v in doc.items() if k != "path"}), indent=1,
+                                       allow_nan=False) + "\n")
+    doc["path"] = str(path)
+
+
+def merge_docs(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The sweep documents of the shards of one run (``run --shard I/N --exhaustive``) as one: every
+    row, the first shard's metadata with its wall time the longest and no shard label."""
+    rows = sorted((r for d in docs for r in d["rows"]),
+                  key=lambda r: (r["op"], _attr_label(r["attrs"]), r["dtype"], r["target"] != str(REFERENCE),
+                                 r["target"]))
+    run = {k: v for k, v in docs[0]["run"].items() if k != "shard"}
+    run["wall_s"] = max(d["run"].get("wall_s") or 0 for d in docs)
+    return {"schema": SCHEMA, "run": run, **_verdicts(rows)}

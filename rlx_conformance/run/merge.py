@@ -5,10 +5,15 @@ its cases fails any more: its passes become xpass) and whether modes that must a
 (cases/bit_stable.toml). Shards leave both undone (session.execute with ``shard``); the merge
 applies them, over the union of the shards' cases, with the same functions a whole run uses, so
 merging the shards of a run gives the cases and summary of running it whole.
+
+Shards merge only when they are parts of one selection: a shard of ``--ops exp`` and one of
+``--ops log``, or of another mode, backend, data folder or harness version, would make a report
+that looks whole and is not (check_selections refuses them, naming the option and both values).
 """
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,13 +23,20 @@ from typing import Any
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.judge.stability import classify, enforce
+from rlx_conformance.run.exhaustive import merge_docs, write_doc
 from rlx_conformance.run.outcomes import finalize
 from rlx_conformance.run.outcomes import rejudge as rejudge_record
 
 TIMING = ("duration_s", "backend_s")  # may differ between two runs of one case
 VERSIONS = ("python", "numpy", "ml_dtypes", "scipy", "mlx")  # shards run with different ones: a warning
 _COMBINED = ("start", "wall_s", "targets", "backend", "device", "modes", "cases_planned", "interrupted",
-             "same_worker_repeats", "bit_stability_failures", "warnings", "shard")  # combine_meta's own
+             "same_worker_repeats", "bit_stability_failures", "warnings", "shard",
+             "selection")  # combine_meta's own
+# The keys of run.selection (session.selection) that shards of one run share, as the option that
+# sets each: every key but the shard.
+SELECTION_OPTIONS = {"ops": "--ops", "dtypes": "--dtypes", "backend": "--backend", "devices": "--device",
+                     "modes": "--mode", "tf32": "--tf32", "sample": "--sample", "case": "--case",
+                     "cases_dir": "--cases"}
 
 
 @dataclass
@@ -82,6 +94,37 @@ def check_shards(shards: Sequence[Shard]) -> list[str]:
     return [f"{i}/{n}" for i in range(1, n + 1) if i not in seen]
 
 
+def _shown(v: Any) -> str:
+    if v is None:
+        return "(not given)"
+    return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def check_selections(shards: Sequence[Shard]) -> None:
+    """Shards must be parts of one selection: the same run options (run.selection, all but the
+    shard) and the same harness version. Raises RlxError naming the first option that differs and
+    its values in two shards. Reports that record no selection (an older harness) are compared on
+    the harness version alone."""
+    first = shards[0]
+
+    def values(s: Shard) -> dict[str, Any]:
+        sel = s.run.get("selection")
+        out = {k: (sel.get(k) if isinstance(sel, dict) else "(not recorded)") for k in SELECTION_OPTIONS}
+        if not any(isinstance(x.run.get("selection"), dict) for x in shards):
+            out = {}
+        out["harness version"] = (s.run.get("harness") or {}).get("version")
+        return out
+
+    want = values(first)
+    for s in shards[1:]:
+        got = values(s)
+        for k, v in want.items():
+            if got.get(k) != v:
+                name = SELECTION_OPTIONS.get(k, k)
+                raise RlxError(f"shards of different selections: {name} is {_shown(v)} in {first.path} "
+                               f"but {_shown(got.get(k))} in {s.path} (merge the shards of one run)")
+
+
 def union_cases(shards: Sequence[Shard]) -> list[dict[str, Any]]:
     """Every case once, sorted by id. An id in two reports must be the same record there (timings
     aside): otherwise the reports are not of one run, and merging them would hide that."""
@@ -124,10 +167,13 @@ def combine_meta(shards: Sequence[Shard]) -> tuple[dict[str, Any], list[str]]:
         interrupted=any(m.get("interrupted") for m in metas),
         same_worker_repeats=sum(m.get("same_worker_repeats") or 0 for m in metas),
         bit_stability_failures=sum(m.get("bit_stability_failures") or 0 for m in metas),
-        merged={"at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        merged={"at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                 "from": [str(s.path) for s in shards], "differs": differs,
                 "shards": [dict(m, path=str(s.path)) for m, s in zip(metas, shards)]})
     meta.pop("shard", None)
+    sels = [m.get("selection") for m in metas]
+    if all(isinstance(x, dict) for x in sels) and all({**x, "shard": None} == {**sels[0], "shard": None} for x in sels):
+        meta["selection"] = {**sels[0], "shard": None}  # the whole selection the shards split
     return meta, warnings
 
 
@@ -158,6 +204,8 @@ def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = 
     out = Path(out_dir)
     shards = [load_shard(p) for p in inputs]
     missing = check_shards(shards)
+    if any(s.run.get("shard") for s in shards):
+        check_selections(shards)
     if missing and not partial:
         raise RlxError(f"shard(s) {', '.join(missing)} missing (merge them too, or pass --partial)")
     results = [res.CaseResult.from_json(rec) for rec in union_cases(shards)]
@@ -182,4 +230,7 @@ def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = 
     path = out / "results.json"
     res.write_results(path, meta, results, classify(results))
     copy_bundles(shards, out)
+    sweeps = [s.dir / "exhaustive.json" for s in shards if (s.dir / "exhaustive.json").is_file()]
+    if sweeps:  # run --shard I/N --exhaustive: each shard swept its part of the jobs
+        write_doc(merge_docs([json.loads(p.read_text()) for p in sweeps]), out)
     return Merged(path, meta, results, warnings)

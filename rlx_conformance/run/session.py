@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlx_conformance.backends import get_backend
+from rlx_conformance.core import data
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.matrix import Case, Target, generate
@@ -88,6 +89,22 @@ def default_report_dir(kind: str = "run") -> Path:
     return Path("reports") / f"{kind}-{stamp}"
 
 
+def selection(cases: Sequence[Case], *, ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
+              tf32: str | None = None, sample: int = 1, case_ids: Sequence[str] | None = None) -> dict:
+    """What a run was asked to run, for its metadata (``run.selection``, where :func:`execute`
+    adds its shard): the --ops and --dtypes globs (None: all), the backends, devices and modes of
+    ``cases`` (the selection's, before a shard takes its part), --tf32, --sample, --case and the
+    --cases data folder. ``diff`` compares a subset with a baseline over this selection only;
+    ``merge`` refuses shards whose selections differ."""
+    override = data.override_dir()
+    return {"ops": sorted(ops) if ops else None, "dtypes": sorted(dtypes) if dtypes else None,
+            "backend": sorted({c.target.backend for c in cases}),
+            "devices": sorted({c.target.device for c in cases}),
+            "modes": sorted({c.target.mode for c in cases}), "tf32": tf32 or "env",
+            "sample": sample, "case": sorted(case_ids) if case_ids else None,
+            "cases_dir": str(override) if override else None}
+
+
 @dataclass
 class Run:
     """The result of a run: per-case records, metadata, and where results.json went."""
@@ -106,7 +123,8 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
             on_result: Callable[[res.CaseResult], None] | None = None, meta: dict | None = None,
             strict_divergences: bool = True, repeat: int = 1, env: dict[str, str] | None = None,
             bundles: bool = False, shard: str | None = None,
-            prior: Sequence[res.CaseResult] = (), prior_wall_s: float = 0.0) -> Run:
+            prior: Sequence[res.CaseResult] = (), prior_wall_s: float = 0.0,
+            selection: dict | None = None) -> Run:
     """Run cases in isolated workers, stream them to a journal, write results.json atomically
     (also after Ctrl-C: what was gathered is kept, with run.interrupted = true).
     ``strict_divergences``: turn the passes of stale known-divergence entries into xpass; only
@@ -118,9 +136,10 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     whole set (strict known divergences, bit-stability across modes) are left to ``merge``.
     ``prior``: records of an earlier, interrupted run of the same selection (``run --resume``),
     kept as they are; ``cases`` are then the ones it did not reach, and every judgment over the
-    whole set is made over both."""
+    whole set is made over both. ``selection``: what the run was asked for (:func:`selection`),
+    recorded as ``run.selection``."""
     run = Run(results=list(prior))
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     t0 = time.perf_counter()
     journal = res.Journal(report_dir / "results.partial.jsonl") if report_dir else None
     for r in prior if journal else ():  # a second kill still keeps them
@@ -157,6 +176,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
             **({"resumed": {"kept": len(prior), "ran": len(run.results) - len(prior)}} if prior else {}),
             warnings=warnings, repeat=repeat, same_worker_repeats=runner.same_worker_repeats,
             bit_stability_failures=bit_failures, **({"shard": shard} if shard else {}),
+            **({"selection": {**selection, "shard": shard}} if selection is not None else {}),
             **(meta or {}))
         if report_dir:
             run.path = report_dir / "results.json"

@@ -70,12 +70,12 @@ from rlx_conformance.generate.fuzz import (
     explore,
     hypothesis_modules,
 )
-from rlx_conformance.generate.matrix import Case, Target, make_inputs
+from rlx_conformance.generate.matrix import Case, Target, fmt_value, make_inputs
 from rlx_conformance.judge.divergences import failure_kinds, known_divergence
 from rlx_conformance.judge.stability import classify
 from rlx_conformance.ops import get_op
 from rlx_conformance.run import bundle, worker
-from rlx_conformance.run.execute import judge
+from rlx_conformance.run.execute import element_text, judge, mismatch
 from rlx_conformance.run.session import (
     backend_targets,
     build_cases,
@@ -420,6 +420,17 @@ class Validation:
             out[getattr(r, key)][r.outcome] += 1
         return dict(out)
 
+    def attr_counts(self) -> dict[str, dict[str, Counter]]:
+        """Outcome counts per value of each attribute (``batch_dims`` -> {"0": ..., "1": ...}):
+        a kernel wrong for one attribute value shows as that row failing and the others passing."""
+        out: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+        empty = {a.name: a.empty for a in get_op(self.op).attrs}  # as the case ids read
+        for r in self.results:
+            for k, val in r.attrs.items():
+                text = fmt_value(tuple(val) if isinstance(val, list) else val, empty.get(k, "none"))
+                out[k][text][r.outcome] += 1
+        return {k: dict(v) for k, v in out.items()}
+
     def worst(self, n: int = 5) -> list[res.CaseResult]:
         """Numeric failures first, then the excused ones (never mixed: an excused case with a huge
         error must not push the kernel's one real failure out of the list); within each, NaN/inf
@@ -439,10 +450,11 @@ class Validation:
             "summary": res.summarize(self.results),
             "by_dtype": {k: dict(v) for k, v in self.counts("dtype").items()},
             "by_family": {k: dict(v) for k, v in self.counts("family").items()},
+            "by_attr": {k: {val: dict(c) for val, c in vals.items()} for k, vals in self.attr_counts().items()},
             "worst": [{"id": r.id, "outcome": r.outcome, "max_abs_err": r.max_abs_err,
                        "max_rel_err": r.max_rel_err, "max_ulp": r.max_ulp,
-                       "nonfinite_mismatches": r.nonfinite_mismatches,
-                       "message": r.message} for r in self.worst(10)],
+                       "nonfinite_mismatches": r.nonfinite_mismatches, "mismatch": r.mismatch,
+                       "message": r.message, "rerun": rerun_command(r)} for r in self.worst(10)],
             "bad": [{"id": r.id, "outcome": r.outcome, "message": r.message, "repro": r.repro,
                      "rerun": rerun_command(r)} for r in self.bad_cases],
             "error_inputs": [p.to_json() for p in self.error_probes],
@@ -501,7 +513,7 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
             wanted = {i.strip() for i in case_ids}
             unknown = wanted - {c.id for c in cases}
             if unknown:
-                raise RlxError(f"no case {sorted(unknown)[0]!r} in {spec.name}'s matrix on {target}")
+                raise RlxError(f"no case {min(unknown)!r} in {spec.name}'s matrix on {target}")
             cases = [c for c in cases if c.id in wanted]
         if not cases:
             raise RlxError(f"no cases for {spec.name} on {target}" + (f" with dtypes {', '.join(dtypes)}" if dtypes else ""))
@@ -527,6 +539,9 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
             if any(not r.repro for r in v.bad_cases):
                 stage("repro bundles")
                 _bundles(v, by_id, svc, report_dir, timeout)
+            if any(r.mismatch for r in v.bad_cases):
+                stage("built-in values")
+                _beside_builtin(v, by_id, svc)
             v.bundles = sum(1 for r in v.bad_cases if r.repro)
             res.write_results(run.path, run.meta, v.results, classify(v.results))
             stage("error inputs")
@@ -615,7 +630,7 @@ def _recheck_divergences(v: Validation, by_id: dict[str, Case], strict: bool, wo
             continue
         was = d["was"]
         prefix = f"known divergence {d['entry']} ({d['category']}: {d['reason']}) — was {was}: "
-        msg = r.message[len(prefix):] if r.message.startswith(prefix) else r.message
+        msg = r.message.removeprefix(prefix)
         r.outcome, r.message = was, f"{msg} [inside known divergence {d['entry']}, but {why}]"
         r.divergence = {**d, "excused": False}
 
@@ -665,6 +680,35 @@ def _bundles(v: Validation, by_id: dict[str, Case], svc: Isolated, report_dir: P
         path = write_bundle(report_dir / bundle.DIRNAME, case, arrays["inputs"], expected, actual, r,
                             timeout=timeout, judged="fail" if actual is not None else None)
         r.repro = str(path.relative_to(report_dir))
+
+
+BESIDE = 50  # failing cases whose wrong positions get the built-in kernel's values too
+
+
+def _beside_builtin(v: Validation, by_id: dict[str, Case], svc: Isolated) -> None:
+    """The built-in kernel's values at each listed wrong position of a failing case (``builtin``
+    beside ``expected`` and ``actual`` in the record's mismatch), so that the reader sees
+    whether the built-in kernel agrees with the reference there (the port is wrong) or with the
+    port (a shared flaw). One rerun of the built-in kernel per case, in the isolated worker; the
+    first :data:`BESIDE` failing cases."""
+    if builtin_entry(v.op, v.target.backend) is None:
+        return
+    for r in [r for r in v.bad_cases if r.mismatch and r.mismatch.get("first")][:BESIDE]:
+        case = by_id.get(r.id)
+        if case is None:
+            continue
+        status, value = svc.call("run", inputs=make_inputs(case), attrs=case.attr_dict, device=case.target.device,
+                                 mode=case.target.mode, which="builtin", force=not case.declared)
+        for row in r.mismatch["first"]:
+            if status != "ok":
+                row["builtin"] = f"({status})"
+                continue
+            out = value[row["output"]] if row["output"] < len(value) else None
+            pos = tuple(row["at"])
+            try:
+                row["builtin"] = element_text(out, pos)
+            except (IndexError, TypeError):
+                row["builtin"] = "(no such element)"
 
 
 def _speed(v: Validation, by_id: dict[str, Case], svc: Isolated, k: int, timeout: float) -> dict[str, Any]:
@@ -732,6 +776,8 @@ def _fuzz(v: Validation, spec, svc: Isolated, target: Target, n: int, derandomiz
                     "max_rel_err": max((c.max_rel_err for c in comps), default=0.0),
                     "max_ulp": max((c.max_ulp for c in comps), default=0.0),
                     "nonfinite_mismatches": sum(c.nonfinite for c in comps)}
+        if not ok:
+            measured["mismatch"] = mismatch(case, ex.inputs, expected, value, comps)
         msg = "; ".join(c.message for c in comps if c.message)
         return Verdict(not ok, "pass" if ok else "fail", msg, expected, value, measured)
 

@@ -49,6 +49,14 @@ class Input:
     role: str = "data"  # data | condition | index | ...
     domain: str = "real"  # a value domain in cases/domains/*.toml
     variadic: bool = False
+    # The ranks this input accepts, (min, max), max None for unbounded: generate/coverage.py checks
+    # that the case matrix exercises every rank class (0, 1, 2, 3+) inside the range.
+    ranks: tuple[int, int | None] = (0, None)
+    # Whether the op's result has a derivative with respect to this input (the reference's VJP and
+    # JVP rules, backends/cpu/*.py). None derives it: floating data inputs yes; index, condition
+    # and key roles, integer and bool inputs no (OpSpec.input_differentiable). Declared only where
+    # that default is wrong.
+    differentiable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -164,8 +172,41 @@ class OpSpec:
     # Where the op is declared ("path/to/module.py:LINE"), for ``rlx-conformance ops OP --explain``:
     # filled by ``declare`` from the first caller outside the registry's declaration helpers.
     declared_at: str = ""
+    # Declared classes (ranks, attribute value classes, dtypes: generate/coverage.py) that the
+    # matrix genuinely cannot exercise, each with the reason: ((class key, reason), ...), e.g.
+    # (("attr:axis=positive", "rank-1 data has no positive axis"),).
+    uncovered: tuple[tuple[str, str], ...] = ()
+    # Why the op has no derivative at all, though it has floating inputs (comparisons, arg_*,
+    # integer outputs, random draws, rounding); "" for a differentiable op. Ops without a
+    # differentiable input are not differentiable without saying so (OpSpec.not_differentiable_reason).
+    not_differentiable: str = ""
 
     # -- derived facts -------------------------------------------------------------------------
+    def input_differentiable(self, inp: Input) -> bool:
+        """Whether the result is differentiable with respect to ``inp`` (its floating dtypes): the
+        declared ``Input.differentiable``, else data inputs with a floating dtype; never for an op
+        declared ``not_differentiable``."""
+        if self.not_differentiable:
+            return False
+        if inp.differentiable is not None:
+            return inp.differentiable
+        dtypes = self.dtypes if inp.dtypes == "T" else inp.dtypes
+        return inp.role == "data" and any(dt.is_float(d) for d in dtypes)
+
+    def differentiable_inputs(self) -> tuple[int, ...]:
+        """Positions of the differentiable inputs (a variadic last input counts once)."""
+        return tuple(k for k, i in enumerate(self.inputs) if self.input_differentiable(i))
+
+    @property
+    def differentiable(self) -> bool:
+        return bool(self.differentiable_inputs())
+
+    def not_differentiable_reason(self) -> str:
+        """Why the op has no derivative ("" when it has one): the declared reason, or derived."""
+        if self.not_differentiable or self.differentiable:
+            return self.not_differentiable
+        return "no floating-point data input"
+
     def attr(self, name: str) -> Attr:
         for a in self.attrs:
             if a.name == name:
