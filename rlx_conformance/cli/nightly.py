@@ -6,7 +6,6 @@ a regression (diff.py says what counts), not on known or baseline failures: the 
 what got worse."""
 from __future__ import annotations
 
-import fnmatch
 import json
 import sys
 from collections import Counter
@@ -35,7 +34,7 @@ from rlx_conformance.generate.matrix import Target
 from rlx_conformance.report import html as report_html
 from rlx_conformance.report import junit, records, stats
 from rlx_conformance.report.diff import compare
-from rlx_conformance.run.exhaustive import run_exhaustive, unary_ops
+from rlx_conformance.run.exhaustive import run_exhaustive, selected_dtypes, unary_ops
 from rlx_conformance.run.session import (
     backend_targets,
     build_cases,
@@ -126,8 +125,7 @@ def _exhaustive(args, report: Path, tgs: list[Target]) -> dict | None:
     divergence, a crash, a timeout), or None when skipped: --ops selects no unary float op or
     --dtypes neither 16-bit float."""
     ops = split(args.ops)
-    globs = split(args.dtypes)
-    dtypes = [d for d in ("float16", "bfloat16") if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]
+    dtypes = selected_dtypes(split(args.dtypes))
     if not dtypes or not unary_ops(ops):
         return None
     doc = run_exhaustive(tgs, ops=ops, dtypes=dtypes, report_dir=report, workers=args.workers)

@@ -42,6 +42,7 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError, UnsupportedError
 from rlx_conformance.core.results import _jsonable, atomic_write_text, run_metadata
+from rlx_conformance.generate import matrix
 from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge import precise
 from rlx_conformance.judge.accuracy import budget_for, measure
@@ -69,7 +70,9 @@ def default_cache_dir() -> Path:
 def selected_dtypes(globs: Sequence[str] | None, f32_sample: int = 0) -> list[str]:
     """The sweep's dtypes for a selection's --dtypes globs (None: all): float16 and bfloat16, and
     float32 only with a float32 sample (``f32_sample`` > 0), those the globs match. Shared by
-    ``exhaustive`` and ``run --exhaustive``, so that one --dtypes means the same to both."""
+    ``exhaustive``, ``run --exhaustive`` and the nightly, so that one --dtypes means the same to
+    all (abbreviations as the matrix takes them: f16, bf16)."""
+    globs = matrix.selected_dtypes(globs)
     every = [d for d in DTYPES if d != "float32" or f32_sample > 0]
     return [d for d in every if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]
 
