@@ -213,9 +213,7 @@ class Backend:
         rule = self.derivative(op)
         arrays, in_dtypes, resolved, outs = prevalidate(spec, inputs, attrs)
         wide = [x.astype(np.float64) if dt.is_float(d) else x for x, d in zip(arrays, in_dtypes)]
-        diff = [spec.input_differentiable(spec.inputs[min(k, len(spec.inputs) - 1)])
-                for k in range(len(arrays))]
-        return rule, wide, resolved, outs, diff
+        return rule, wide, resolved, outs, differentiable_arrays(spec, len(arrays))
 
     def run_vjp(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None,
                 cotangents: Sequence[np.ndarray | None]) -> Grads:
@@ -442,3 +440,9 @@ def _check_grads(where: str, what: str, res: list[Any], shapes: Sequence[tuple[i
             raise KernelContractError(f"{where}: {what} {k} has shape {r.shape}, expected {tuple(shape)}")
         out.append(r)
     return out
+
+
+def differentiable_arrays(spec: OpSpec, n: int) -> list[bool]:
+    """Whether each of a call's ``n`` input arrays is differentiable (a variadic last input's
+    arrays share its declaration)."""
+    return [spec.input_differentiable(spec.inputs[min(k, len(spec.inputs) - 1)]) for k in range(n)]

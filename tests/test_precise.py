@@ -297,3 +297,20 @@ def test_reference_gelu_float64_within_budget():
         want = precise.compute(op, [x], {}, ["float64"])[0]
         m = accuracy.measure(ref, want, accuracy.budget_for(op, "float64"))
         assert m.over == 0, (op, m)
+
+
+@pytest.mark.parametrize("op", ["sigmoid", "silu"])
+def test_reference_logistic_keeps_float64_subnormals(op):
+    """The CPU reference's sigmoid and silu in float64 below x = -709.78, where scipy's expit
+    returns 0 instead of the subnormal e^x (a reference bug the derivative checks found): within
+    2 ulp of mpmath for sigmoid, 5 for silu's compensated -e^(x + log -x) (log's rounding alone
+    is 2 ulp of the result); a subnormal's ulp is the absolute 2^-1074."""
+    from rlx_conformance.backends import get_backend
+    x = np.array([-700.0, -709.0, -709.79, -710.0, -730.0, -744.0])
+    got = get_backend("cpu").run(op, [x], {})[0]
+    fn = {"sigmoid": lambda v: 1 / (1 + mpmath.exp(-v)), "silu": lambda v: v / (1 + mpmath.exp(-v))}[op]
+    with mpmath.workprec(200):
+        want = np.array([float(fn(mpmath.mpf(v))) for v in x])
+    assert np.all(want != 0)
+    ulps = {"sigmoid": 2, "silu": 5}[op]
+    assert np.all(np.abs(got - want) <= ulps * np.spacing(np.abs(want))), (got, want)

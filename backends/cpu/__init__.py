@@ -1,6 +1,9 @@
 """The CPU reference backend: numpy/scipy (ml_dtypes for bfloat16). It defines the semantics
 every other backend is judged against, so its kernels favour being right over being fast:
-float32 math is evaluated in float64 and rounded once."""
+float32 math is evaluated in float64 and rounded once. Next to each differentiable op's kernel
+its module registers the op's reference derivatives, a VJP and a JVP rule in float64
+(``BACKEND.vjp`` / ``BACKEND.jvp``: backends/base.py DerivativeRule; shared helpers in _grad.py),
+verified by tests/test_reference_derivatives.py."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,6 +1,8 @@
 """Helpers the reference derivative rules share (backends/base.py: DerivativeRule): undoing a
 broadcast (a cotangent summed, a smoothness radius minimised over the broadcast dims), the
-smoothness radius of ties among values that a selection compares, and the unary rule pattern.
+smoothness radius of ties among values that a selection compares, products of the other factors
+(no division, zeros allowed), softmax's centering accurate near one-hot, and the unary rule
+pattern.
 Not a kernel module (the leading underscore keeps the loader from importing it as a family)."""
 from __future__ import annotations
 
@@ -72,6 +74,26 @@ def sorted_gap_radius(x: np.ndarray, axis: int = -1) -> np.ndarray:
     out = np.empty_like(near)
     np.put_along_axis(out, order, near, axis=-1)
     return np.moveaxis(out, -1, axis)
+
+
+def exclusive_products(rows: np.ndarray) -> np.ndarray:
+    """prod_{j != i} x_j along the last axis without dividing (zeros allowed): the product of the
+    prefix before i times the suffix after i."""
+    ones = np.ones(rows.shape[:-1] + (1,))
+    before = np.cumprod(np.concatenate([ones, rows[..., :-1]], -1), -1)
+    after = np.flip(np.cumprod(np.concatenate([ones, np.flip(rows, -1)[..., :-1]], -1), -1), -1)
+    return before * after
+
+
+def softmax_centered(s: np.ndarray, w: np.ndarray, axis: int) -> np.ndarray:
+    """w_i - sum_j s_j w_j along ``axis``, accurate also where s is nearly one-hot: at the
+    largest s_m the difference cancels (w_m - (1 - eps) w_m - ...), so there it is summed as
+    sum_j s_j (w_m - w_j) instead. Both rules of softmax (and of the ops built on it) use it."""
+    c = w - np.sum(s * w, axis=axis, keepdims=True)
+    m = np.argmax(s, axis=axis, keepdims=True)
+    wm = np.take_along_axis(w, m, axis=axis)
+    np.put_along_axis(c, m, np.sum(s * (wm - w), axis=axis, keepdims=True), axis=axis)
+    return c
 
 
 def unary_rule(op: str, deriv: Callable[[np.ndarray], np.ndarray], convention: str = "",

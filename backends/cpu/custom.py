@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import selection_radius
-from rlx_conformance.backends.cpu.reduce import exclusive_products
+from rlx_conformance.backends.cpu._grad import exclusive_products, selection_radius
 from rlx_conformance.judge.custom_checks import scatter_targets
 from rlx_conformance.spec import csr
 

@@ -142,9 +142,11 @@ ACTIVATIONS = {
     # far out, exp(-x^2/2) erfcx (see _gelu).
     "gelu": _gated(_gelu),
     "gelu_approx": _gated(_gelu_approx),
-    "silu": _gated(lambda x: x * sp.expit(x)),
+    # the logistic through _sigmoid, not scipy's expit, which returns 0 instead of a float64
+    # subnormal below x = -709.78 (sigmoid(-710) = 4.48e-309; found by the derivative checks)
+    "silu": _gated(lambda x: _silu(x)),
     "relu": lambda x: np.where(np.isnan(x), x, np.maximum(x, 0)),
-    "sigmoid": sp.expit,
+    "sigmoid": lambda x: _sigmoid(x),
     "tanh": np.tanh,
     "exp": np.exp,
     "log": np.log,
@@ -190,6 +192,19 @@ def _sigmoid(x):
     instead of a subnormal below x = -709.78 (found by the MPFR check of mish' and softplus')."""
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _silu(x):
+    """x * sigmoid(x); where e^x is subnormal (x < -708.39, and 1 + e^x rounds to 1) as
+    -e^(x + log -x), with the exponent's rounding compensated (exp turns an absolute error into a
+    relative one): x * e^x would multiply a subnormal's few digits by |x| <= 745. Within 5 ulp
+    there (log's rounding alone is 2), as against -0 from scipy's expit."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        lg = np.log(np.where(x < 0, -x, 1.0))
+        s = x + lg
+        err = (x - s) + lg  # Fast2Sum (|x| > log|x| here): the exponent's rounding, put back
+        far = -np.exp(s) * (1 + err)
+    return np.where(x < -708.39, far, x * _sigmoid(x))
 
 
 def _phi(x):

@@ -7,8 +7,7 @@ import math
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import unbroadcast
-from rlx_conformance.backends.cpu.reduce import softmax_centered
+from rlx_conformance.backends.cpu._grad import softmax_centered, unbroadcast
 from rlx_conformance.judge.bounds.nn import allowed_keys, attention_dims, rope_pairs
 
 kernel = BACKEND.kernel
@@ -155,8 +154,20 @@ def _trailing_rules(op: str, rms: bool) -> None:
         xhat, _ = _stats(x, axes, attrs["eps"], rms)
         return [_normalize_jvp(x, axes, attrs["eps"], rms, tx) * gamma + xhat * tg + tb]
 
-    vjp(op)(_vjp)
+    def _condition(inputs, attrs):
+        x = inputs[0]
+        return _centering_condition(x, axes_of(x, attrs), attrs["eps"]) if x.size and not rms else 1.0
+
+    vjp(op, condition=_condition)(_vjp)
     jvp(op)(_jvp)
+
+
+def _centering_condition(x: np.ndarray, axes: tuple[int, ...], eps: float) -> float:
+    """max |x| / sqrt(var + eps) over the normalized groups: x - mean carries eps max|x| absolute
+    error, so the normalized values (and both rules) carry that much relative to the spread (the
+    spread class: large values, small variance)."""
+    _, r = _stats(x, axes, eps, False)
+    return float(np.max(np.max(np.abs(x), axis=axes, keepdims=True) / r))
 
 
 _trailing_rules("layer_norm", rms=False)
@@ -167,7 +178,8 @@ def _per_channel(p: np.ndarray, ndim: int) -> np.ndarray:
     return p.reshape((1, -1) + (1,) * (ndim - 2))
 
 
-@vjp("group_norm")
+@vjp("group_norm", condition=lambda xs, attrs: _centering_condition(
+    xs[0].reshape(xs[0].shape[0], attrs["num_groups"], -1), (2,), attrs["eps"]) if xs[0].size else 1.0)
 def group_norm_vjp(inputs, attrs, cots):
     x, gamma, _ = inputs
     u = cots[0]

@@ -11,7 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import selection_radius
+from rlx_conformance.backends.cpu._grad import (
+    exclusive_products,
+    selection_radius,
+    softmax_centered,
+)
 
 kernel = BACKEND.kernel
 
@@ -221,15 +225,6 @@ _extreme_rule("reduce_max", np.max)
 _extreme_rule("reduce_min", np.min)
 
 
-def exclusive_products(rows: np.ndarray) -> np.ndarray:
-    """prod_{j != i} x_j along the last axis without dividing (zeros allowed): the product of the
-    prefix before i times the suffix after i."""
-    ones = np.ones(rows.shape[:-1] + (1,))
-    before = np.cumprod(np.concatenate([ones, rows[..., :-1]], -1), -1)
-    after = np.flip(np.cumprod(np.concatenate([ones, np.flip(rows, -1)[..., :-1]], -1), -1), -1)
-    return before * after
-
-
 @vjp("reduce_prod", convention="exact at zeros: the product of the other elements (no division)")
 def reduce_prod_vjp(inputs, attrs, cots):
     (x,) = inputs
@@ -256,17 +251,6 @@ def reduce_prod_jvp(inputs, attrs, tans):
 def _softmax64(x: np.ndarray, axis: int) -> np.ndarray:
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)
-
-
-def softmax_centered(s: np.ndarray, w: np.ndarray, axis: int) -> np.ndarray:
-    """w_i - sum_j s_j w_j along ``axis``, accurate also where s is nearly one-hot: at the
-    largest s_m the difference cancels (w_m - (1 - eps) w_m - ...), so there it is summed as
-    sum_j s_j (w_m - w_j) instead. Both rules of softmax (and of the ops built on it) use it."""
-    c = w - np.sum(s * w, axis=axis, keepdims=True)
-    m = np.argmax(s, axis=axis, keepdims=True)
-    wm = np.take_along_axis(w, m, axis=axis)
-    np.put_along_axis(c, m, np.sum(s * (wm - w), axis=axis, keepdims=True), axis=axis)
-    return c
 
 
 @vjp("softmax")
