@@ -50,6 +50,9 @@ def add_matrix_options(p: argparse.ArgumentParser) -> None:
                         "(default: as the environment says)")
 
 
+_WARNED: set[str] = set()  # device warnings already printed by this process
+
+
 def check_devices(backend: str, devices: str | Sequence[str]) -> str | list[str]:
     """``devices`` (a name, names or "all") after checking them against this machine: a device
     asked for by name that the machine lacks (``gpu`` without an MLX GPU) is a usage error
@@ -59,9 +62,11 @@ def check_devices(backend: str, devices: str | Sequence[str]) -> str | list[str]
     here = b.devices()
     if devices == "all":
         lacking = [d for d in b.all_devices() if d not in here]
-        if lacking:
-            print(f"warning: {backend}: this machine has no {', '.join(lacking)}: skipped "
-                  f"(running {', '.join(here)})", file=sys.stderr)
+        warning = (f"warning: {backend}: this machine has no {', '.join(lacking)}: skipped "
+                   f"(running {', '.join(here)})")
+        if lacking and warning not in _WARNED:  # once a process (run --exhaustive asks twice)
+            _WARNED.add(warning)
+            print(warning, file=sys.stderr)
         return devices
     names = [devices] if isinstance(devices, str) else list(devices)
     lacking = [d for d in names if d in b.all_devices() and d not in here]
