@@ -254,23 +254,15 @@ def _softmax64(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 @vjp("softmax")
-def softmax_vjp(inputs, attrs, cots):
-    """Jᵀu = s * (u - <u, s>) along the axis (J is symmetric)."""
-    (x,) = inputs
-    if not x.size:
-        return [np.zeros(x.shape)]
-    s = _softmax64(x, attrs["axis"])
-    return [s * softmax_centered(s, cots[0], attrs["axis"])]
-
-
 @jvp("softmax")
-def softmax_jvp(inputs, attrs, tans):
-    """d s_i = s_i (t_i - sum_j s_j t_j): the derivative of exp(x_i) / sum exp(x_j)."""
+def softmax_vjp(inputs, attrs, vs):
+    """J·v = s * (v - <v, s>) along the axis, the derivative of exp(x_i) / sum exp(x_j); J is
+    symmetric (diag(s) - s sᵀ), so the same product is the VJP and the JVP."""
     (x,) = inputs
     if not x.size:
         return [np.zeros(x.shape)]
     s = _softmax64(x, attrs["axis"])
-    return [s * softmax_centered(s, tans[0], attrs["axis"])]
+    return [s * softmax_centered(s, vs[0], attrs["axis"])]
 
 
 # scans: a linear scan's transpose runs the other way (an exclusive scan stays exclusive)
