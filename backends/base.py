@@ -104,6 +104,21 @@ class DerivativeRule:
     convention: str = ""
     radius: Callable[..., Grads] | None = None
     condition: Callable[..., float] | None = None
+    # Second order: ``hvp(inputs, attrs, cotangents, tangents) -> one result per input`` (None for
+    # a non-differentiable input): d/de VJP(x + e v, u), the JVP of the VJP (ops that have one).
+    hvp: Callable[..., Grads] | None = None
+    # The scale the derivative judge's bound multiplies (judge/derivative_bounds.py):
+    # ``magnitude(inputs, attrs, kind, seeds) -> (per-result arrays, terms)`` with, for kind
+    # "vjp" (seeds: the cotangents), arrays >= |J|^T |u| per input; for "jvp" (seeds: the
+    # tangents), >= |J| |v| per output; for "hvp" (seeds: cotangents + tangents), >= the
+    # magnitude of the HVP's terms per input. ``terms``: the most rounded products one result
+    # element accumulates (the n of gamma_n). Ops without one get the dense Jacobian
+    # (Backend.run_magnitude), exact but only for small cases.
+    magnitude: Callable[..., tuple[Grads, int]] | None = None
+    # Where a derivative is undefined by the spec (not a convention: e.g. the updates of a
+    # scatter with duplicate indices under reduction none): ``undefined(inputs, attrs, kind) ->
+    # one bool mask (or None) per result``; masked like undefined forward inputs.
+    undefined: Callable[..., list[np.ndarray | None]] | None = None
 
 
 class Backend:
@@ -196,6 +211,27 @@ class Backend:
             return fn
         return deco
 
+    def hvp(self, op: str) -> Callable[[Callable[..., Grads]], Callable[..., Grads]]:
+        """Decorator: register ``op``'s Hessian-vector product rule (the JVP of its VJP)."""
+        def deco(fn: Callable[..., Grads]) -> Callable[..., Grads]:
+            self._rule_for(op, "hvp").hvp = fn
+            return fn
+        return deco
+
+    def magnitude(self, op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: register the magnitude of ``op``'s derivatives (DerivativeRule.magnitude)."""
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._rule_for(op, "magnitude").magnitude = fn
+            return fn
+        return deco
+
+    def undefined_derivative(self, op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: register where ``op``'s derivatives are undefined (DerivativeRule.undefined)."""
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._rule_for(op, "undefined").undefined = fn
+            return fn
+        return deco
+
     def derivative(self, op: str) -> DerivativeRule:
         """``op``'s complete rule (VJP and JVP); UnsupportedError if it has none."""
         rule = self.derivatives.get(op)
@@ -275,6 +311,71 @@ class Backend:
             return 1.0
         with np.errstate(all="ignore"):
             return max(1.0, float(rule.condition(xs, attrs)))
+
+    def run_hvp(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None,
+                cotangents: Sequence[np.ndarray | None], tangents: Sequence[np.ndarray | None]) -> Grads:
+        """(d/de Jᵀ(x + e v)) u: one float64 result per input (None for a non-differentiable
+        one), from the VJP's cotangents and one tangent per input (None exactly for the
+        non-differentiable inputs). UnsupportedError where the op has no HVP rule."""
+        rule, xs, attrs, outs, diff = self._derivative_call(op, inputs, attrs)
+        if rule.hvp is None:
+            raise UnsupportedError(f"{self.name} has no reference Hessian-vector product for {op!r}")
+        where = f"{self.name} hvp rule for {op!r}"
+        cots = [None if c is None else np.asarray(c, np.float64) for c in cotangents]
+        tans = [None if t is None else np.asarray(t, np.float64) for t in tangents]
+        if len(cots) != len(outs) or len(tans) != len(xs):
+            raise SpecError(f"{where}: {len(cots)} cotangent(s) and {len(tans)} tangent(s) for "
+                            f"{len(outs)} output(s) and {len(xs)} input(s)")
+        with np.errstate(all="ignore"):
+            res = list(rule.hvp(xs, attrs, cots, tans))
+        return _check_grads(where, "input", res, [x.shape for x in xs], diff)
+
+    def run_derivative(self, op: str, kind: str, inputs: Sequence[np.ndarray],
+                       attrs: Mapping[str, Any] | None, cotangents: Sequence[np.ndarray | None],
+                       tangents: Sequence[np.ndarray | None], device: str = "cpu",
+                       mode: str | None = None) -> Grads:
+        """One derivative of ``op`` at ``inputs``: vjp (from ``cotangents``: one result per
+        input), jvp (from ``tangents``: one per output) or hvp (both: one per input). The base
+        class evaluates the reference rules (DerivativeRule) in float64; a backend under test
+        overrides it with its own transforms (MlxBackend)."""
+        if kind == "vjp":
+            return self.run_vjp(op, inputs, attrs, cotangents)
+        if kind == "jvp":
+            return self.run_jvp(op, inputs, attrs, tangents)
+        if kind == "hvp":
+            return self.run_hvp(op, inputs, attrs, cotangents, tangents)
+        raise SpecError(f"{self.name}: unknown derivative {kind!r} (vjp, jvp, hvp)")
+
+    def run_magnitude(self, op: str, kind: str, inputs: Sequence[np.ndarray],
+                      attrs: Mapping[str, Any] | None, seeds: Sequence[np.ndarray | None]
+                      ) -> tuple[Grads, int]:
+        """The scale of ``kind``'s (vjp, jvp, hvp) rounding error at this point and the most
+        terms one result accumulates (DerivativeRule.magnitude). Without a declared one: the
+        dense Jacobian from one JVP per differentiable input element (vjp and jvp only, up to
+        :data:`DENSE_MAX` elements), exact; UnsupportedError otherwise."""
+        rule, xs, res_attrs, outs, diff = self._derivative_call(op, inputs, attrs)
+        seeds = [None if s is None else np.asarray(s, np.float64) for s in seeds]
+        if rule.magnitude is not None:
+            with np.errstate(all="ignore"):
+                mags, terms = rule.magnitude(xs, res_attrs, kind, seeds)
+            shapes = [x.shape for x in xs] if kind in ("vjp", "hvp") else [s for s, _ in outs]
+            allowed = diff if kind in ("vjp", "hvp") else [dt.is_float(d) for _, d in outs]
+            return _check_grads(f"{self.name} magnitude of {op!r}", "result", list(mags), shapes,
+                                allowed), max(1, int(terms))
+        n = sum(x.size for x, d in zip(xs, diff) if d)
+        if kind == "hvp" or n > DENSE_MAX:
+            raise UnsupportedError(f"{self.name}: {op!r} declares no derivative magnitude and the "
+                                   f"dense Jacobian is not available for {kind} at {n} input elements")
+        return dense_magnitude(self, op, list(inputs), attrs, kind, seeds, xs, diff, outs)
+
+    def undefined_positions(self, op: str, kind: str, inputs: Sequence[np.ndarray],
+                            attrs: Mapping[str, Any] | None) -> list[np.ndarray | None] | None:
+        """Where ``kind``'s results are undefined by the spec (DerivativeRule.undefined), one
+        mask or None per result; None where the op declares none."""
+        rule, xs, res_attrs, _, _ = self._derivative_call(op, inputs, attrs)
+        if rule.undefined is None:
+            return None
+        return list(rule.undefined(xs, res_attrs, kind))
 
     def entry(self, op: str) -> KernelEntry:
 
@@ -440,6 +541,43 @@ def _check_grads(where: str, what: str, res: list[Any], shapes: Sequence[tuple[i
             raise KernelContractError(f"{where}: {what} {k} has shape {r.shape}, expected {tuple(shape)}")
         out.append(r)
     return out
+
+
+# The dense Jacobian's limit (Backend.run_magnitude): one JVP per input element.
+DENSE_MAX = 2048
+
+
+def dense_magnitude(backend: Backend, op: str, inputs: list[np.ndarray], attrs: Mapping[str, Any] | None,
+                    kind: str, seeds: Grads, xs: list[np.ndarray], diff: list[bool],
+                    outs: list[OutSpec]) -> tuple[Grads, int]:
+    """|J|ᵀ|u| (vjp: per input) or |J||v| (jvp: per output) from J's columns, one JVP of the
+    reference rule per differentiable input element; ``terms``: the most nonzeros of J in one
+    column (vjp) or row (jvp)."""
+    floats = [dt.is_float(d) for _, d in outs]
+    zero = [np.zeros(x.shape) if d else None for x, d in zip(xs, diff)]
+    acc: Grads = [np.zeros(x.shape) if d else None for x, d in zip(xs, diff)] if kind == "vjp" else \
+        [np.zeros(s) if f else None for (s, _), f in zip(outs, floats)]
+    nnz: list[np.ndarray | None] = [None if a is None else np.zeros(a.shape, np.int64) for a in acc]
+    for k, (x, d) in enumerate(zip(xs, diff)):
+        if not d:
+            continue
+        for i in range(x.size):
+            tans = [None if z is None else z.copy() for z in zero]
+            tans[k].flat[i] = 1.0
+            col = backend.run_jvp(op, inputs, attrs, tans)  # J[:, (k, i)] per output
+            if kind == "vjp":
+                s = sum(float(np.sum(np.abs(c) * np.abs(u))) for c, u in zip(col, seeds)
+                        if c is not None and u is not None)
+                acc[k].flat[i] = s
+                nnz[k].flat[i] = sum(int(np.count_nonzero(c)) for c in col if c is not None)
+            else:
+                v = abs(float(seeds[k].flat[i]))
+                for j, c in enumerate(col):
+                    if c is not None:
+                        acc[j] += np.abs(c) * v
+                        nnz[j] += (c != 0)
+    terms = max((int(m.max()) for m in nnz if m is not None and m.size), default=1)
+    return acc, max(1, terms)
 
 
 def differentiable_arrays(spec: OpSpec, n: int) -> list[bool]:

@@ -11,6 +11,7 @@ stream, never at another precision; the result records which stream ran.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -24,9 +25,12 @@ from rlx_conformance.backends.base import (
     check_inputs_unchanged,
     check_outputs,
     compute_dtypes,
+    differentiable_arrays,
+    prevalidate,
 )
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.core.errors import SpecError
+from rlx_conformance.core.errors import SpecError, UnsupportedError
+from rlx_conformance.ops import get_op
 from rlx_conformance.spec.registry import OpSpec, OutSpec
 
 MX_DTYPES = {
@@ -146,6 +150,80 @@ class MlxBackend(Backend):
             pristine = [x.astype(dt.np_dtype(c)) if c != d else x for x, d, c in zip(inputs, in_dtypes, cdts)]
             check_inputs_unchanged(self.name, spec, pristine, seen)
         return res
+
+    def run_derivative(self, op: str, kind: str, inputs: Sequence[np.ndarray],
+                       attrs: Mapping[str, Any] | None, cotangents: Sequence[np.ndarray | None],
+                       tangents: Sequence[np.ndarray | None], device: str = "cpu",
+                       mode: str | None = None) -> list[np.ndarray | None]:
+        """``op``'s derivative through the same kernel graph :meth:`run` evaluates (widen →
+        kernel → narrow), by MLX's own transforms: ``mx.vjp`` (kind vjp: one result per input,
+        None for a non-differentiable one), ``mx.jvp`` (jvp: one per output, None for a
+        non-floating one) or the JVP of the VJP (hvp: one per input). A kernel made with
+        ``mx.custom_function`` brings its own VJP/JVP; MLX differentiates through any other.
+        eager evaluates after each stage of the forward graph and the derivative; lazy builds the
+        whole derivative graph once; compiled runs ``mx.compile`` over the whole derivative
+        function (cached like the forward's)."""
+        spec = get_op(op)
+        mode = mode or self.default_mode
+        if mode not in self.modes:
+            raise SpecError(f"{self.name}: unknown mode {mode!r} (modes: {', '.join(self.modes)})")
+        if device not in self.devices():
+            raise UnsupportedError(f"{self.name}: device {device!r} is not available on this machine")
+        arrays, in_dtypes, res_attrs, outs = prevalidate(spec, inputs, attrs)
+        entry = self.entry(op)
+        cdts = compute_dtypes(spec, in_dtypes)
+        diff = [k for k, d in enumerate(differentiable_arrays(spec, len(arrays))) if d]
+        floats = [k for k, (_, d) in enumerate(outs) if dt.is_float(d)]
+        stream = mx.cpu if self.stream_for(entry, in_dtypes + [d for _, d in outs], device) == "cpu" else mx.gpu
+        step = mx.eval if mode == "eager" else None
+        with mx.stream(stream):
+            args = [to_mlx(x, d) for x, d in zip(arrays, in_dtypes)]
+            cots = [to_mlx(cotangents[k], outs[k][1]) for k in floats] if kind in ("vjp", "hvp") else []
+            tans = [to_mlx(tangents[k], in_dtypes[k]) for k in diff] if kind in ("jvp", "hvp") else []
+            fixed = [a for k, a in enumerate(args) if k not in diff]
+
+            def derivative(*flat):
+                primals, rest = list(flat[:len(diff)]), list(flat[len(diff):])
+                n_fixed = len(fixed)
+                consts, seeds = rest[:n_fixed], rest[n_fixed:]
+                graph = self._graph(entry, spec, res_attrs, cdts, outs, step)
+
+                def f(*p):
+                    full, it_p, it_c = [], iter(p), iter(consts)
+                    for k in range(len(args)):
+                        full.append(next(it_p) if k in diff else next(it_c))
+                    res = graph(*full)
+                    return [res[k] for k in floats]
+                if kind == "vjp":
+                    return mx.vjp(f, primals, seeds)[1]
+                if kind == "jvp":
+                    return mx.jvp(f, primals, seeds)[1]
+                c, t = seeds[:len(floats)], seeds[len(floats):]
+                return mx.jvp(lambda *q: mx.vjp(f, list(q), c)[1], primals, t)[1]
+
+            flat = [args[k] for k in diff] + fixed + cots + tans
+            if kind not in ("vjp", "jvp", "hvp"):
+                raise SpecError(f"mlx: unknown derivative {kind!r}")
+            if mode == "compiled":
+                key = ("grad", kind, spec.name, repr(sorted(res_attrs.items())), tuple(in_dtypes),
+                       tuple(x.shape for x in arrays), str(stream), id(entry.fn))
+                fn = self._compiled.get(key)
+                if fn is None:
+                    fn = self._compiled[key] = mx.compile(derivative)
+                res = fn(*flat)
+            else:
+                res = derivative(*flat)
+            mx.eval(res)
+        res = [to_numpy(r) for r in res]
+        if kind == "jvp":
+            out: list[np.ndarray | None] = [None] * len(outs)
+            for k, r in zip(floats, res):
+                out[k] = r
+            return out
+        out = [None] * len(arrays)
+        for k, r in zip(diff, res):
+            out[k] = r
+        return out
 
     def _graph(self, entry, spec, attrs, cdts, outs, step, check=False):
         """widen → kernel → contract check → narrow, with ``step`` (mx.eval in eager mode) between.

@@ -44,6 +44,8 @@ class CaseResult:
     origin: str = "builtin"  # where the target's kernel comes from (validate --kernel, an entry point)
     stream: str | None = None  # the MLX stream that ran (cpu/gpu) when it differs from the device
     variant: str = ""  # the target's backend variant, e.g. "tf32:off" (matrix.Target.variant)
+    # the derivative the case checks ("" for the op itself): vjp, jvp or hvp (matrix.Case.grad)
+    grad: str = ""
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     max_ulp: float | None = None
@@ -98,6 +100,7 @@ class CaseResult:
         return cls(id=case.id, op=case.op, dtype=case.dtype, shape=[list(s) for s in case.shapes],
                    family=case.family, attrs={k: _jsonable(v) for k, v in case.attrs}, vals=case.vals,
                    backend=t.backend, device=t.device, mode=t.mode, variant=t.variant, outcome=outcome,
+                   grad=getattr(case, "grad", ""),
                    seed=case.seed, declared=case.declared, repeat=case.repeat, **kw)
 
     def to_json(self) -> dict[str, Any]:

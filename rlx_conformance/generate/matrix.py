@@ -77,15 +77,25 @@ class Case:
     target: Target
     declared: bool = True  # does the target backend claim this dtype on this device?
     repeat: int = 0  # which run of the case under --repeat N (not part of the id, inputs or seed)
+    # Which derivative the case checks ("" for the op itself): vjp, jvp or hvp (GRAD_KINDS). Its
+    # inputs are the forward case's; cotangents and tangents come from the id (make_seeds).
+    grad: str = ""
 
     @property
-    def input_id(self) -> str:
-        """Everything that determines the inputs and the reference: the id without the target."""
+    def forward_id(self) -> str:
+        """The id of the forward case whose inputs this case shares: the id without the target
+        and without the derivative."""
         parts = [self.op, self.dtype, "shape:" + "+".join(fmt_shape(s) for s in self.shapes)]
         spec = self.spec
         parts += [f"{k}:{fmt_value(v, spec.attr(k).empty)}" for k, v in self.attrs]
         parts.append(f"vals:{self.vals}")
         return "/".join(parts)
+
+    @property
+    def input_id(self) -> str:
+        """Everything that determines the inputs, seeds and the reference: the id without the
+        target (``…/vals:random/grad:vjp`` for a derivative)."""
+        return f"{self.forward_id}/grad:{self.grad}" if self.grad else self.forward_id
 
     @property
     def id(self) -> str:
@@ -108,19 +118,68 @@ class Case:
 
 
 def make_inputs(case: Case) -> list[np.ndarray]:
-    """The case's inputs, bit-identical for the same input id on any machine."""
+    """The case's inputs, bit-identical for the same input id on any machine (a derivative's are
+    its forward case's)."""
     spec = case.spec
+    key = case.forward_id
     if spec.generate is not None:
-        return spec.generate(lambda k: values.Stream(f"{case.input_id}#{k}"), case.shapes,
+        return spec.generate(lambda k: values.Stream(f"{key}#{k}"), case.shapes,
                              case.dtype, case.attr_dict, case.vals)
     dtypes = spec.case_dtypes(case.dtype, len(case.shapes))
     attrs = case.attr_dict
     out = []
     for k, (shape, dtype) in enumerate(zip(case.shapes, dtypes)):
         inp = spec.inputs[min(k, len(spec.inputs) - 1)]
-        stream = values.Stream(f"{case.input_id}#{k}")
+        stream = values.Stream(f"{key}#{k}")
         out.append(values.make_array(stream, shape, dtype, inp.domain, case.vals, attrs))
     return out
+
+
+# The derivatives a gradient case can check (Case.grad), in id order.
+GRAD_KINDS = ("vjp", "jvp", "hvp")
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """A derivative case's seeds, made from its id like inputs: ``cotangents``, one per output
+    (None for a non-floating output), for vjp and hvp; ``tangents``, one per input (None for a
+    non-differentiable one), for jvp and hvp. Each is uniform in [-1, 1] rounded to its array's
+    dtype, so the backend under test and the reference see the same values."""
+
+    cotangents: tuple[np.ndarray | None, ...] = ()
+    tangents: tuple[np.ndarray | None, ...] = ()
+
+
+def make_seeds(case: Case, inputs: Sequence[np.ndarray]) -> Seeds:
+    """The cotangents and tangents of derivative case ``case`` (bit-identical for the same id)."""
+    spec = case.spec
+    in_dtypes = [dt.name_of(x.dtype) for x in inputs]
+    _, outs = spec.validate([x.shape for x in inputs], in_dtypes, case.attr_dict)
+
+    def draw(tag: str, shape: Shape, dtype: str) -> np.ndarray:
+        n = math.prod(shape)
+        u = values.Stream(f"{case.input_id}#{tag}").uniform(n, -1.0, 1.0)
+        return u.astype(dt.np_dtype(dtype)).reshape(shape)
+
+    cots: tuple[np.ndarray | None, ...] = ()
+    tans: tuple[np.ndarray | None, ...] = ()
+    if case.grad in ("vjp", "hvp"):
+        cots = tuple(draw(f"cot{k}", tuple(s), d) if dt.is_float(d) else None
+                     for k, (s, d) in enumerate(outs))
+    if case.grad in ("jvp", "hvp"):
+        diff = [spec.input_differentiable(spec.inputs[min(k, len(spec.inputs) - 1)])
+                for k in range(len(inputs))]
+        tans = tuple(draw(f"tan{k}", x.shape, d) if ok else None
+                     for k, (x, d, ok) in enumerate(zip(inputs, in_dtypes, diff)))
+    return Seeds(cots, tans)
+
+
+def grad_classes(spec: OpSpec, forward: Sequence[str]) -> tuple[str, ...]:
+    """The value classes a gradient case gets from the forward's (``forward``, already chosen
+    for the size): all but ``special`` (its infinities and NaN have no derivative a finite
+    difference or a convention pins down; docs/gradients.md), plus the op's ``grad_values``."""
+    return tuple(v for v in forward if v != "special") + tuple(
+        v for v in spec.grad_values if v not in forward)
 
 
 # -- generation ----------------------------------------------------------------------------------
@@ -198,10 +257,16 @@ def _matches(name: str, patterns: Sequence[str] | None) -> bool:
 
 def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
              dtypes: Sequence[str] | None = None,
-             supports=None) -> list[Case]:
+             supports=None, grads: Sequence[str] = ("",)) -> list[Case]:
     """All cases for the given targets. ``ops``/``dtypes`` filter by glob; ``supports(target, op,
     dtype)`` tells whether the target's backend declares the dtype (undeclared ones are still
-    generated: the matrix checks the declaration)."""
+    generated: the matrix checks the declaration). ``grads``: which of the forward ("") and the
+    derivatives (GRAD_KINDS) to generate; derivative cases exist for the floating dtypes of a
+    differentiable op, for the kinds it declares (OpSpec.derivative_kinds) and only where the
+    backend declares the forward dtype."""
+    bad = [g for g in grads if g and g not in GRAD_KINDS]
+    if bad:
+        raise RlxError(f"unknown derivative {bad[0]!r} (derivatives: {', '.join(GRAD_KINDS)})")
     names = [s.name for s in all_ops()]
     for p in ops or ():  # each pattern must select something: a typo is an error, not a smaller run
         if not any(fnmatch.fnmatchcase(n, p) for n in names):
@@ -231,8 +296,13 @@ def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
                     classes = spec.values[:1] if spec.generate is None and all(
                         math.prod(sh) == 0 for sh in shapes) else values.classes_for(
                         spec.values, t, shapes, inputs=spec.generate is None)
-                    for vals in classes:
-                        for tg in targets:
-                            declared = supports(tg, spec.name, t) if supports else True
-                            cases.append(Case(spec.name, t, shapes, fam, attr_items, vals, tg, declared))
+                    kinds = [g for g in grads if not g or (g in spec.derivative_kinds() and dt.is_float(t))]
+                    for g in kinds:
+                        for vals in (grad_classes(spec, classes) if g else classes):
+                            for tg in targets:
+                                declared = supports(tg, spec.name, t) if supports else True
+                                if g and not declared:
+                                    continue  # no derivative of a dtype the kernel does not claim
+                                cases.append(Case(spec.name, t, shapes, fam, attr_items, vals, tg,
+                                                  declared, grad=g))
     return cases

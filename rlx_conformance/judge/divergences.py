@@ -23,7 +23,10 @@ from typing import Any, Protocol
 from rlx_conformance.core import data
 from rlx_conformance.core.errors import RlxError
 
-CATEGORIES = ("unimplemented", "undefined-by-spec", "backend-bug", "precision")
+# convention: a derivative at a kink, tie or domain edge, where the spec leaves the value to a
+# convention (the reference declares its own: DerivativeRule.convention) and the backend picks
+# another; scoped to those points (their value class, e.g. vals = "kink").
+CATEGORIES = ("unimplemented", "undefined-by-spec", "backend-bug", "precision", "convention")
 
 # The kinds of failure an entry may excuse (its ``excuses`` field), from a record
 # (:func:`failure_kinds`): finite values outside the tolerance, bound or accuracy budget; a NaN,
@@ -38,13 +41,14 @@ CATEGORY_KINDS = {
     "unimplemented": frozenset({"error", "crash"}),
     "undefined-by-spec": frozenset({"value", "nonfinite", "error"}),
     "backend-bug": frozenset(KINDS),
+    "convention": frozenset({"value", "nonfinite"}),
 }
 CAPS = ("max_ulp", "max_rel_err", "max_abs_err")  # an entry excusing "value" names at least one
 
 FILE = "cases/known_divergences.toml"
 _KEY = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 _FIELDS = frozenset({"key", "op", "category", "reason", "excuses", *CAPS, "dtype", "backend", "device",
-                     "mode", "vals", "shape", "id", "link", "timeout", "strict", "isolate"})
+                     "mode", "vals", "shape", "id", "link", "timeout", "strict", "isolate", "grad"})
 _LISTS = ("op", "dtype", "id")  # the fields that take a list; each item is a part of the entry
 
 # A part of an entry: for each list field of more than one item, the item a case falls under
@@ -87,13 +91,15 @@ class CaseLike(Protocol):
     dtype: str
     id: str
     target: Any  # backend, device, mode
+    # and ``grad`` where the case checks a derivative (absent or "" for the op itself)
 
 
 def _id_fields(case_id: str) -> tuple[str, str]:
-    """(shape, vals) of a case id op/dtype/shape:S/attr:v/.../vals:V/target; "" where absent."""
+    """(shape, vals) of a case id op/dtype/shape:S/attr:v/.../vals:V[/grad:G]/target; "" where
+    absent."""
     parts = case_id.split("/")
     shape = parts[2][6:] if len(parts) > 2 and parts[2].startswith("shape:") else ""
-    vals = parts[-2][5:] if len(parts) > 1 and parts[-2].startswith("vals:") else ""
+    vals = next((p[5:] for p in reversed(parts[:-1]) if p.startswith("vals:")), "")
     return shape, vals
 
 
@@ -123,6 +129,9 @@ class Divergence:
     # a worker that is replaced afterwards, so that nothing later runs on a damaged heap.
     isolate: bool = False
     excuses: frozenset[str] = frozenset()  # the failure kinds it excuses (KINDS)
+    # which cases: the op itself ("", the default: an entry says nothing of derivatives unless it
+    # names them), a derivative (vjp, jvp, hvp), or "*" for both
+    grad: str = ""
     # caps of an excused value failure: a record measured above any of them is not excused
     max_ulp: float | None = None
     max_rel_err: float | None = None
@@ -151,7 +160,8 @@ class Divergence:
         if not (any(fnmatch.fnmatchcase(case.op, g) for g in self.op)
                 and (self.dtype is None or case.dtype in self.dtype)
                 and self.backend in (None, t.backend) and self.device in (None, t.device)
-                and self.mode in (None, t.mode)):
+                and self.mode in (None, t.mode)
+                and fnmatch.fnmatchcase(getattr(case, "grad", "") or "", self.grad or "")):
             return False
         if self.vals is not None or self.shape is not None:
             shape, vals = _id_fields(case.id)
@@ -215,7 +225,7 @@ def _entry(raw: dict[str, Any], where: str) -> Divergence:
     for name in _LISTS:
         if name in kw:
             kw[name] = _strings(kw[name], name, where)
-    for name in ("backend", "device", "mode", "vals", "shape", "link"):
+    for name in ("backend", "device", "mode", "vals", "shape", "link", "grad"):
         if name in kw and not isinstance(kw[name], str):
             raise RlxError(f"{where}: {name} must be a string")
     for name in ("strict", "isolate"):

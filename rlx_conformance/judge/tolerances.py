@@ -34,7 +34,14 @@ def tolerance_for(op: str, dtype: str) -> Tolerance:
             raise RlxError(f"cases/tolerances.toml [from_budget] {op}: its budget ({b.source}) is not "
                            "a plain ULP count")
         return Tolerance(max_ulp=b.ulp, source=f"budget:{b.source}")
-    d = table["defaults"].get(dtype)
+    return default_tolerance(dtype)
+
+
+@cache
+def default_tolerance(dtype: str) -> Tolerance:
+    """The dtype's default (cases/tolerances.toml [defaults.DTYPE]): the final roundings of two
+    implementations; derivative results are judged with it on top of their bound."""
+    d = data.load("tolerances.toml")["defaults"].get(dtype)
     if d is None:
         raise RlxError(f"cases/tolerances.toml has no [defaults.{dtype}]")
     return Tolerance(max_ulp=float(d.get("max_ulp", 0)), rtol=float(d.get("rtol", 0)),

@@ -25,6 +25,7 @@ from rlx_conformance.judge.compare import (
 from rlx_conformance.judge.positions import source
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import tolerance_for
+from rlx_conformance.run import derivatives
 
 
 class _RefCache:
@@ -199,6 +200,8 @@ def verdict(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], ac
 def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     """``capture``: filled with the arrays of the case (inputs, expected, actual as far as they
     came), for the repro bundle of a failing case (bundle.py)."""
+    if case.grad:  # a derivative of the op: its own reference, transform and judge
+        return derivatives.run(case, capture)
     t0 = time.perf_counter()
     inputs, ref = REF_CACHE.get(case)
     if capture is not None:

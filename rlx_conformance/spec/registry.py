@@ -180,6 +180,13 @@ class OpSpec:
     # integer outputs, random draws, rounding); "" for a differentiable op. Ops without a
     # differentiable input are not differentiable without saying so (OpSpec.not_differentiable_reason).
     not_differentiable: str = ""
+    # Value classes only gradient cases get (spec/values.py), besides the forward's own minus
+    # ``special``: points at and next to the op's kinks and ties ("kink", "ties", "near_zero"),
+    # where the reference's DerivativeRule.convention decides.
+    grad_values: tuple[str, ...] = ()
+    # Whether gradient cases include Hessian-vector products (the JVP of the VJP; the reference
+    # backend has an HVP rule for it): the activations, softmax-style ops, norms and losses.
+    second_order: bool = False
 
     # -- derived facts -------------------------------------------------------------------------
     def input_differentiable(self, inp: Input) -> bool:
@@ -200,6 +207,13 @@ class OpSpec:
     @property
     def differentiable(self) -> bool:
         return bool(self.differentiable_inputs())
+
+    def derivative_kinds(self) -> tuple[str, ...]:
+        """The derivatives gradient cases check: vjp and jvp for a differentiable op, and hvp
+        where declared ``second_order``."""
+        if not self.differentiable:
+            return ()
+        return ("vjp", "jvp", "hvp") if self.second_order else ("vjp", "jvp")
 
     def not_differentiable_reason(self) -> str:
         """Why the op has no derivative ("" when it has one): the declared reason, or derived."""
