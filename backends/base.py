@@ -107,14 +107,17 @@ class DerivativeRule:
     # Second order: ``hvp(inputs, attrs, cotangents, tangents) -> one result per input`` (None for
     # a non-differentiable input): d/de VJP(x + e v, u), the JVP of the VJP (ops that have one).
     hvp: Callable[..., Grads] | None = None
-    # The scale the derivative judge's bound multiplies (judge/derivative_bounds.py):
+    # The scale the derivative judge's bound multiplies (judge/bounds/derivative.py):
     # ``magnitude(inputs, attrs, kind, seeds) -> (per-result arrays, terms)`` with, for kind
     # "vjp" (seeds: the cotangents), arrays >= |J|^T |u| per input; for "jvp" (seeds: the
-    # tangents), >= |J| |v| per output; for "hvp" (seeds: cotangents + tangents), >= the
-    # magnitude of the HVP's terms per input. ``terms``: the most rounded products one result
-    # element accumulates (the n of gamma_n). Ops without one get the dense Jacobian
+    # tangents), >= |J| |v| per output; both plus the op's sensitivity to the rounding of the
+    # forward values a derivative is computed from. ``terms``: the most rounded products one
+    # result element accumulates (the n of gamma_n). Ops without one get the dense Jacobian
     # (Backend.run_magnitude), exact but only for small cases.
     magnitude: Callable[..., tuple[Grads, int]] | None = None
+    # The same for the HVP: ``hvp_magnitude(inputs, attrs, cotangents, tangents) -> (per-input
+    # arrays, terms)``, at least the sum of the magnitudes of the HVP's terms per input.
+    hvp_magnitude: Callable[..., tuple[Grads, int]] | None = None
     # Where a derivative is undefined by the spec (not a convention: e.g. the updates of a
     # scatter with duplicate indices under reduction none): ``undefined(inputs, attrs, kind) ->
     # one bool mask (or None) per result``; masked like undefined forward inputs.
@@ -222,6 +225,13 @@ class Backend:
         """Decorator: register the magnitude of ``op``'s derivatives (DerivativeRule.magnitude)."""
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._rule_for(op, "magnitude").magnitude = fn
+            return fn
+        return deco
+
+    def hvp_magnitude(self, op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: register the magnitude of ``op``'s HVP (DerivativeRule.hvp_magnitude)."""
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._rule_for(op, "hvp_magnitude").hvp_magnitude = fn
             return fn
         return deco
 
@@ -352,12 +362,18 @@ class Backend:
         """The scale of ``kind``'s (vjp, jvp, hvp) rounding error at this point and the most
         terms one result accumulates (DerivativeRule.magnitude). Without a declared one: the
         dense Jacobian from one JVP per differentiable input element (vjp and jvp only, up to
-        :data:`DENSE_MAX` elements), exact; UnsupportedError otherwise."""
+        :data:`DENSE_MAX` elements), exact; UnsupportedError otherwise. ``seeds``: the
+        cotangents (vjp), the tangents (jvp), or the cotangents then the tangents (hvp)."""
         rule, xs, res_attrs, outs, diff = self._derivative_call(op, inputs, attrs)
         seeds = [None if s is None else np.asarray(s, np.float64) for s in seeds]
-        if rule.magnitude is not None:
+        declared = rule.hvp_magnitude if kind == "hvp" else rule.magnitude
+        if declared is not None:
             with np.errstate(all="ignore"):
-                mags, terms = rule.magnitude(xs, res_attrs, kind, seeds)
+                if kind == "hvp":
+                    n_out = len(outs)
+                    mags, terms = declared(xs, res_attrs, seeds[:n_out], seeds[n_out:])
+                else:
+                    mags, terms = declared(xs, res_attrs, kind, seeds)
             shapes = [x.shape for x in xs] if kind in ("vjp", "hvp") else [s for s, _ in outs]
             allowed = diff if kind in ("vjp", "hvp") else [dt.is_float(d) for _, d in outs]
             return _check_grads(f"{self.name} magnitude of {op!r}", "result", list(mags), shapes,
