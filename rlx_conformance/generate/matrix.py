@@ -177,9 +177,11 @@ def make_seeds(case: Case, inputs: Sequence[np.ndarray]) -> Seeds:
 def grad_classes(spec: OpSpec, forward: Sequence[str]) -> tuple[str, ...]:
     """The value classes a gradient case gets from the forward's (``forward``, already chosen
     for the size): all but ``special`` (its infinities and NaN have no derivative a finite
-    difference or a convention pins down; docs/gradients.md), plus the op's ``grad_values``."""
-    return tuple(v for v in forward if v != "special") + tuple(
-        v for v in spec.grad_values if v not in forward)
+    difference or a convention pins down), plus the op's ``grad_values``. An op whose only
+    class is ``special`` (data movement: the values only flow through, and its derivative does
+    not depend on them) gets ``random`` instead."""
+    kept = tuple(v for v in forward if v != "special") or (("random",) if forward else ())
+    return kept + tuple(v for v in spec.grad_values if v not in kept)
 
 
 # -- generation ----------------------------------------------------------------------------------
