@@ -25,7 +25,7 @@ from rlx_conformance.judge.stability import classify, enforce
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
 from rlx_conformance.run.runner import Runner
-from rlx_conformance.run.session import backend_targets, build_cases
+from rlx_conformance.run.session import backend_targets, build_cases, grad_kinds
 
 # The user property that carries a worker's case record (CaseResult.to_json, as JSON text) to the
 # xdist controller; the plugin takes it off each report before any other plugin (junitxml) sees it.
@@ -55,7 +55,8 @@ class MatrixFile(pytest.File):
         try:
             modes = listify(pick("mode", "modes"))
             targets = backend_targets(pick("backend", "backend", "mlx"), listify(pick("device", "devices", "cpu")), modes)
-            cases = build_cases(targets, listify(pick("ops", "ops")), listify(pick("dtypes", "dtypes")))
+            cases = build_cases(targets, listify(pick("ops", "ops")), listify(pick("dtypes", "dtypes")),
+                                grads=grad_kinds(pick("grad", "grad", "all")))
             divergences()  # the data is checked now: a bad entry is a usage error, not a traceback at the end
         except RlxError as e:
             raise pytest.UsageError(f"{self.path.name}: {e}") from None

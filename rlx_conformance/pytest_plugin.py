@@ -1,7 +1,8 @@
 """pytest plugin: every case of the matrix is a test item whose name is the case id.
 
 A file named ``conformance*.toml`` in a test directory declares a matrix (``[matrix]`` backend,
-device, modes, ops, dtypes); ``--rlx-*`` options override it. Items run through the same isolated
+device, modes, ops, dtypes, grad: the derivative cases, as ``run --grad``); ``--rlx-*`` options
+override it; ``-k 'grad:vjp'`` selects the derivative cases of a kind. Items run through the same isolated
 runner as the CLI: the first item to run starts the runner on every selected item, in order, and
 each item reports its own result as it arrives (so a kernel that crashes or hangs becomes one
 failed item, not a dead session). Under pytest-xdist each worker runs its items in-process and
@@ -57,6 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--rlx-mode", help="eager, lazy, compiled or all")
     g.addoption("--rlx-ops", help="comma-separated op globs")
     g.addoption("--rlx-dtypes", help="comma-separated dtype globs")
+    g.addoption("--rlx-grad", help="derivative cases besides the forward ones: all (the default), "
+                                   "none, or kinds among vjp, jvp, hvp, comma-separated")
     g.addoption("--rlx-report", help="also write results.json, and a repro bundle per failing case, into this directory")
     g.addoption("--rlx-workers", type=int, help="runner worker processes (default: one per core)")
     g.addoption("--rlx-timeout", type=float, default=30.0, help="seconds per case before timeout")

@@ -20,6 +20,8 @@ import pytest
 
 from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
+from rlx_conformance.generate.matrix import make_inputs, make_seeds
+from rlx_conformance.run.derivatives import handed_seeds
 from rlx_conformance.run.bundle import BundleSink, bundle_name, reproduce
 from rlx_conformance.run.portable import standalone
 from rlx_conformance.run.runner import Runner
@@ -37,10 +39,11 @@ def clean_run(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=300)
 
 
-def pick(op: str, dtype: str, mode: str, **attrs) -> matrix.Case:
-    """The smallest case (at least 2 elements, random values) of op/dtype/mode with these attrs."""
+def pick(op: str, dtype: str, mode: str, grad: str = "", **attrs) -> matrix.Case:
+    """The smallest case (at least 2 elements, random values) of op/dtype/mode with these attrs;
+    ``grad``: of that derivative's cases."""
     cases = [c for c in matrix.generate([matrix.Target("mlx", "cpu", mode)], ops=[op], dtypes=[dtype],
-                                        supports=supports)
+                                        supports=supports, grads=(grad,))
              if c.vals == "random" and c.size() >= 2 and all(c.attr_dict.get(k) == v for k, v in attrs.items())]
     assert cases, f"no {op}/{dtype} case with {attrs}"
     return min(cases, key=lambda c: c.size())
@@ -172,3 +175,110 @@ def test_run_bundles_only_failing_cases(tmp_path):
     assert "def broken_neg(x):" in src and "test_bundle" not in src
     p = clean_run(wf / "repro.py", cwd=tmp_path)
     assert p.returncode == 1 and "STILL FAILS" in p.stdout, p.stdout + p.stderr
+
+
+# -- derivative cases -------------------------------------------------------------------------------
+GRAD_CASES = [  # every derivative kind and mode; a non-differentiable input (where's condition)
+    ("tanh", "bfloat16", "eager", "vjp"),
+    ("where", "float32", "compiled", "jvp"),
+    ("where", "float32", "eager", "vjp"),
+    ("softmax", "float32", "lazy", "hvp"),
+    ("softmax", "float32", "compiled", "vjp"),  # its cotangent handed to MLX column-major
+    ("mul", "float16", "compiled", "vjp"),
+]
+
+
+@pytest.mark.parametrize("op,dtype,mode,grad", GRAD_CASES, ids=[f"{c[0]}-{c[3]}-{c[2]}" for c in GRAD_CASES])
+def test_derivative_repro_reproduces_the_harness(tmp_path, op, dtype, mode, grad):
+    """A derivative case's bundle holds its seeds, and its repro.py rebuilds the derivative call
+    (mx.vjp / mx.jvp / the JVP of the VJP over the kernel): the harness's results bit for bit,
+    its verdict as the exit status."""
+    case = pick(op, dtype, mode, grad)
+    r = reproduce(case, tmp_path)
+    folder = tmp_path / r.repro
+    doc = json.loads((folder / "case.json").read_text())
+    assert doc["id"] == case.id and doc["grad"] == grad and doc["self_check"] == "agrees"
+    assert {p.name for p in folder.iterdir()} == {"inputs.npz", "seeds.npz", "expected.npz", "actual.npz",
+                                                   "case.json", "repro.py"}
+    seeds = handed_seeds(case, make_seeds(case, make_inputs(case)))  # values and memory order MLX got
+    with np.load(folder / "seeds.npz") as z:
+        for kind, prefix in (("cotangents", "cot"), ("tangents", "tan")):
+            for k, a in enumerate(getattr(seeds, kind)):
+                assert (a is None) == (f"{prefix}{k}" not in z.files) and (doc["seeds"][kind][k] is None) == (a is None)
+                if a is not None:
+                    got = z[f"{prefix}{k}"]
+                    assert got.tobytes() == a.view(got.dtype).tobytes()
+                    assert got.flags.c_contiguous == a.flags.c_contiguous
+    # which results the outputs are: the differentiated inputs (vjp, hvp) or floating outputs (jvp)
+    g = doc["run"]["grad"]
+    assert g["results"] == (g["floats"] if grad == "jvp" else g["diff"])
+    assert doc["judge"]["kind"] == "derivative" and all(o["bound"] for o in doc["judge"]["outputs"])
+    src = (folder / "repro.py").read_text()
+    assert "rlx_conformance" not in "\n".join(ln for ln in src.splitlines() if ln.startswith(("import", "from")))
+    assert {"vjp": "mx.vjp", "jvp": "mx.jvp", "hvp": "mx.jvp of mx.vjp"}[grad] in src
+    p = clean_run(folder / "repro.py", "--save", str(tmp_path / "out.npz"), cwd=tmp_path)
+    assert p.returncode == (0 if r.outcome == "pass" else 1), p.stdout + p.stderr
+    assert f"the {grad} of {op}" in p.stdout
+    with np.load(folder / "actual.npz") as a, np.load(tmp_path / "out.npz") as b:
+        assert sorted(a.files) == sorted(b.files) == [f"out{j}" for j in range(len(g["results"]))]
+        for k in a.files:
+            assert same_bits(a[k], b[k]), k
+
+
+def wrong_vjp_tanh(x):
+    """tanh whose own VJP (mx.custom_function) misses the factor 1 - tanh(x)^2."""
+    import mlx.core as mx
+
+    @mx.custom_function
+    def f(a):
+        return mx.tanh(a)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        return (cotangent,)
+
+    return f(x)
+
+
+def install_wrong_vjp_tanh() -> None:
+    mlx = get_backend("mlx")
+    mlx.register("tanh", wrong_vjp_tanh, devices=dict(mlx.kernels["tanh"].dtypes), replace=True, origin="tests")
+
+
+def test_wrong_derivative_bundle_reports_the_failure(tmp_path):
+    """Through the runner: a kernel with a wrong VJP fails its VJP case (its JVP, MLX's own
+    autodiff through the forward, passes); the failing case's bundle embeds the kernel, and its
+    repro.py, in a clean interpreter, rebuilds mx.vjp over it and reports the failure."""
+    cases = [c for c in matrix.generate([matrix.Target("mlx", "cpu", "compiled")], ops=["tanh"], dtypes=["float32"],
+                                        grads=("vjp", "jvp")) if c.vals == "random" and c.size() == 7]
+    results = {r.grad: r for r in Runner(workers=1, timeout=60, init="test_bundle:install_wrong_vjp_tanh",
+                                         bundles=BundleSink(tmp_path, timeout=60)).run(cases)}
+    assert (results["vjp"].outcome, results["jvp"].outcome) == ("fail", "pass")
+    assert results["jvp"].repro is None and results["vjp"].message.startswith("vjp input 0:")
+    folder = tmp_path / results["vjp"].repro
+    doc = json.loads((folder / "case.json").read_text())
+    assert doc["self_check"] == "agrees" and doc["outcome"] == "fail"
+    src = (folder / "repro.py").read_text()
+    assert "def wrong_vjp_tanh(x):" in src and "test_bundle" not in src
+    p = clean_run(folder / "repro.py", cwd=tmp_path)
+    assert p.returncode == 1 and "STILL FAILS" in p.stdout, p.stdout + p.stderr
+    assert "FAIL vjp input 0" in p.stdout and "first elements beyond tolerance" in p.stdout
+
+
+def test_derivative_repro_rebuilds_the_call_rather_than_replaying_it(tmp_path, monkeypatch):
+    """The harness's MLX derivative scaled by 1.5 (a wrong transform, not a wrong kernel): the case
+    fails with the scaled results in actual.npz, while repro.py, which rebuilds mx.jvp over the
+    kernel itself, finds MLX right (exit 0): the bundle replays no recorded output as MLX's."""
+    mlx = get_backend("mlx")
+    right = type(mlx).run_derivative
+    monkeypatch.setattr(type(mlx), "run_derivative",
+                        lambda self, *a, **k: [None if x is None else x * 1.5 for x in right(self, *a, **k)])
+    case = pick("tanh", "float32", "lazy", "jvp")
+    r = reproduce(case, tmp_path)
+    assert r.outcome == "fail" and r.message.startswith("jvp output 0:")
+    folder = tmp_path / r.repro
+    assert json.loads((folder / "case.json").read_text())["self_check"] == "agrees"
+    p = clean_run(folder / "repro.py", "--save", str(tmp_path / "out.npz"), cwd=tmp_path)
+    assert p.returncode == 0 and "FIXED" in p.stdout, p.stdout + p.stderr
+    with np.load(folder / "actual.npz") as a, np.load(tmp_path / "out.npz") as b:
+        assert np.array_equal(a["out0"], b["out0"] * np.float32(1.5))

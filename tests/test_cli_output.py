@@ -22,7 +22,7 @@ from rlx_conformance.generate import matrix
 from rlx_conformance.run.session import Run
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["--ops", "exp", "--dtypes", "f16", "--mode", "lazy"]  # 14 cases
+SMALL = ["--ops", "exp", "--dtypes", "f16", "--mode", "lazy", "--grad", "none"]  # 14 cases
 LONG_TOKEN = "reduce_sum/float32/shape:317x331/axes:0/keep_dim:true/vals:spread"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from grad_fixtures import derivative, dgroup
 from results_fixtures import group, result, write
 
 from rlx_conformance.cli import main as cli
@@ -156,6 +157,25 @@ def test_distribution_is_compared_over_shared_cases_only(tmp_path):
     new = group("exp", "float32", [1.0] * 10) + group("exp", "float32", [500.0], start=100)  # a new, worse case
     d = diff_of(tmp_path, base, new)
     assert d.added == [result(n=100).id] and not d.distribution_drift and not d.regression
+
+
+def test_derivative_records_are_diffed_apart_from_the_forward(tmp_path):
+    # the forward and the VJP of exp share op, dtype, shape and target: distinct ids, distinct groups
+    base = group("exp", "float32", [1.0] * 100) + dgroup("vjp", "exp", "float32", [1.0] * 100)
+    new = group("exp", "float32", [1.0] * 100) + dgroup("vjp", "exp", "float32", [1.0] * 95 + [10.0] * 5) \
+        + [derivative("jvp", n=1, outcome="fail", tolerance={"max_ulp": 1.0, "rtol": 0.0, "atol": 0.0,
+                                                             "source": "derivative:default+1terms"})]
+    d = diff_of(tmp_path, base, new)
+    assert [(g["group"], g["op"], g["grad"]) for g in d.distribution_drift] == [
+        ("exp:vjp/float32/mlx-cpu-eager", "exp", "vjp")]
+    assert set(d.distribution_drift[0]["metrics"]) == {"p99", "max"}
+    assert d.added == [derivative("jvp", n=1).id] and ids(d.new_failures) == [derivative("jvp", n=1).id]
+    assert d.new_failures[0]["new"]["tolerance"] == "derivative:default+1terms"
+    assert not d.removed and d.regression
+    # a derivative case's error drift is listed by its own id, the forward's unchanged
+    cur = dgroup("vjp", "exp", "float32", [1.0] * 99 + [50.0])
+    d = diff_of(tmp_path / "b", base, group("exp", "float32", [1.0] * 100) + cur)
+    assert ids(d.error_drift) == [cur[-1].id, cur[-1].id] and "/grad:vjp/" in cur[-1].id
 
 
 def test_over_budget_count_drift(tmp_path):

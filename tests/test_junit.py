@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from grad_fixtures import derivative
 from results_fixtures import result, write
 
 from rlx_conformance.report import junit, records
@@ -32,3 +33,18 @@ def test_junit_document(tmp_path):
     assert cases[rs[0].id].find("failure") is None and cases[rs[0].id].find("error") is None
     props = {p.get("name"): p.get("value") for p in cases[rs[1].id].find("properties")}
     assert props["outcome"] == "fail" and float(props["max_ulp"]) == 40.0 and props["kernel"] == "native"
+
+
+def test_derivative_cases_are_testcases_of_their_own_class(tmp_path):
+    rs = [result(n=1), derivative("vjp", n=1, ulp=3.0, tolerance={"source": "derivative:default+2terms"}),
+          derivative("jvp", n=1, outcome="fail", message="jvp output 0: 2/7 over the bound"),
+          derivative("hvp", "softmax", n=2, outcome="xfail")]
+    root = ET.parse(junit.write(tmp_path / "junit.xml", records.load(write(tmp_path / "r", rs)).cases)).getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("4", "1", "1")
+    cases = {tc.get("name"): tc for tc in root.iter("testcase")}
+    assert set(cases) == {r.id for r in rs}  # the forward and the VJP of one input set: two testcases
+    assert [cases[r.id].get("classname") for r in rs] == ["exp", "exp:vjp", "exp:jvp", "softmax:hvp"]
+    props = {p.get("name"): p.get("value") for p in cases[rs[1].id].find("properties")}
+    assert props["grad"] == "vjp" and props["tolerance"] == "derivative:default+2terms" and float(props["max_ulp"]) == 3.0
+    assert "grad" not in {p.get("name") for p in cases[rs[0].id].find("properties")}
+    assert cases[rs[2].id].find("failure").get("message") == "jvp output 0: 2/7 over the bound"

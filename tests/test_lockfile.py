@@ -8,6 +8,7 @@ import math
 import tomllib
 
 import pytest
+from grad_fixtures import dgroup
 from results_fixtures import group, result, write
 
 from rlx_conformance.cli import main as cli
@@ -141,6 +142,33 @@ def test_load_rejects_bad_entries(tmp_path):
     with pytest.raises(RlxError, match="targets and"):
         lockfile.load(p)
     assert lockfile.load(tmp_path / "absent.toml") == Lock()
+
+
+def test_derivative_groups_are_locked_apart_from_the_forward(tmp_path):
+    # exp has a ULP accuracy budget; its VJP has none (judged by its error bound): a derivative
+    # group's errors are locked as measured, under its own key, and never capped by exp's budget
+    cap = lockfile.ulp_cap("exp", "float32")
+    assert cap is not None and lockfile.ulp_cap("exp:vjp", "float32") is None
+    rs = group("exp", "float32", [1.0, 0.0]) + dgroup("vjp", "exp", "float32", [3.0, 4 * cap]) \
+        + dgroup("jvp", "exp", "float32", [0.0])
+    obs = observed(rs)
+    fwd, vjp = ("exp", "float32", "mlx-cpu-eager"), ("exp:vjp", "float32", "mlx-cpu-eager")
+    assert obs[fwd].max_ulp == 1.0 and obs[vjp].max_ulp == 4 * cap and ("exp:jvp", "float32", "mlx-cpu-eager") in obs
+    chk = lockfile.check(Lock(targets={"mlx-cpu-eager"}), obs)
+    assert not chk.over_budget
+    assert {(v["group"], v["observed"]) for v in chk.violations if v["metric"] == "max_ulp"} == {
+        ("exp/float32/mlx-cpu-eager", 1.0), ("exp:vjp/float32/mlx-cpu-eager", 4 * cap)}
+    new, _ = lockfile.updated(Lock(targets={"mlx-cpu-eager"}), chk, reason="first derivative baseline")
+    path = lockfile.write(new, tmp_path / "lock.toml")
+    groups = tomllib.loads(path.read_text())["lock"]["groups"]
+    assert set(groups) == {"exp/float32/mlx-cpu", "exp:vjp/float32/mlx-cpu"}
+    back = lockfile.load(path)
+    assert back[vjp].max_ulp == 4 * cap and back[fwd].max_ulp == 1.0
+    assert back[("exp:jvp", "float32", "mlx-cpu-eager")] == lockfile.zero()
+    # the VJP growing is the VJP's violation alone
+    grown = observed(group("exp", "float32", [1.0]) + dgroup("vjp", "exp", "float32", [8 * cap]))
+    assert {(v["group"], v["metric"]) for v in lockfile.check(back, grown).violations} == {
+        ("exp:vjp/float32/mlx-cpu-eager", "max_ulp"), ("exp:vjp/float32/mlx-cpu-eager", "max_rel_err")}
 
 
 def test_committed_lock_parses():

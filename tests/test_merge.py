@@ -177,7 +177,8 @@ def test_a_case_in_two_reports_must_agree(tmp_path):
 
 def _selection(**kw):
     """A run.selection as session.selection and execute write it."""
-    return {"ops": ["neg"], "dtypes": None, "backend": ["mlx"], "devices": ["cpu"], "modes": ["eager"],
+    return {"ops": ["neg"], "dtypes": None, "grad": ["vjp", "jvp", "hvp"], "backend": ["mlx"], "devices": ["cpu"],
+            "modes": ["eager"],
             "tf32": "env", "sample": 1, "case": None, "cases_dir": None, "shard": None, **kw}
 
 
@@ -191,7 +192,8 @@ def selected(path: Path, shard: str, sel: dict, *recs: res.CaseResult, version: 
     ("ops", ["neg", "exp"], "--ops", "neg,exp"), ("modes", ["lazy"], "--mode", "lazy"),
     ("dtypes", ["float32"], "--dtypes", "float32"), ("backend", ["other"], "--backend", "other"),
     ("devices", ["gpu"], "--device", "gpu"), ("tf32", "on", "--tf32", "on"), ("sample", 2, "--sample", "2"),
-    ("cases_dir", "/my/cases", "--cases", "/my/cases"), ("case", ["neg/x"], "--case", "neg/x")])
+    ("cases_dir", "/my/cases", "--cases", "/my/cases"), ("case", ["neg/x"], "--case", "neg/x"),
+    ("grad", [], "--grad", "none"), ("grad", ["vjp"], "--grad", "vjp")])
 def test_refuses_shards_of_different_selections(tmp_path, capsys, key, other, option, shown):
     """Shards made with another --ops, --mode, ... are not parts of one run: a one-line error
     naming the option and both values (exit 2); shards of one selection still merge."""

@@ -33,6 +33,13 @@ def test_the_main_jobs_matrix_size(one_mode):
     assert m and n(m.group(1)) == len(one_mode)
 
 
+def test_the_main_jobs_derivative_cases():
+    m = re.search(r"its derivatives \(([\d,]+) derivative cases: ([\d,]+) VJPs, ([\d,]+) JVPs, "
+                  r"([\d,]+) Hessian-vector products", README)
+    kinds = Counter(c.grad for c in matrix.generate(COMPILED, grads=matrix.GRAD_KINDS))
+    assert m and [n(g) for g in m.groups()] == [sum(kinds.values()), kinds["vjp"], kinds["jvp"], kinds["hvp"]]
+
+
 def test_non_zero_skips_in_compiled_mode(one_mode):
     m = re.search(r"its ([\d,]+) cases skip in every compiled run", README)
     assert m and n(m.group(1)) == sum(c.op == "non_zero" for c in one_mode)

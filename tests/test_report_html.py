@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from grad_fixtures import derivative, dgroup
 from results_fixtures import group, result, write
 
 from rlx_conformance.cli import main as cli
@@ -206,6 +207,56 @@ def test_html_shows_excused_cases_apart(tmp_path):
     assert "Lock lines above their accuracy budget" in html and "3 passing case(s) over the accuracy budget" in html
     assert "excused max ulp" in html  # the statistics' excused columns
     assert any("drift" in a.get("class", "").split() for _, a, _ in Dom(html).find("tr"))  # exp's excused drift
+
+
+def test_html_derivative_panel(tmp_path):
+    """Derivative records get their own panel (op × derivative × dtype: a cell per target,
+    counts, worst errors); the forward scoreboard, the failures and the statistics keep them apart."""
+    div = {"entry": "mlx-relu-vjp-kink", "category": "convention", "reason": "MLX's relu'(0) = 1",
+           "link": None, "was": "fail"}
+    rs = (group("exp", "float32", [1.0, 2.0])
+          + dgroup("vjp", "exp", "float32", [3.0, 5.0]) + dgroup("vjp", "exp", "float32", [4.0], mode="lazy")
+          + [derivative("vjp", "exp", "float32", "fail", n=9, ulp=900.0, rel=0.5, message="vjp input 0: 1/9 over")]
+          + dgroup("jvp", "exp", "float16", [1.0])
+          + [derivative("vjp", "relu", "float32", "xfail", n=3, ulp=7.0, divergence=div),
+             derivative("hvp", "softmax", "float32", "pass", n=4, ulp=2.0, rel=1e-6)])
+    rep = records.load(write(tmp_path / "rep", rs))
+    html = report_html.write(rep, tmp_path / "r.html", with_plots=False).read_text()
+    dom = Dom(html)
+    # the forward scoreboard: exp alone, its float32 cell from the two forward passes only
+    board = [a for t, a, anc in dom.find("td") if "c" in a.get("class", "").split() and "section#scoreboard" in anc]
+    assert [a["title"] for a in board] == ["exp · float32 · mlx-cpu-eager: 2 pass"]
+    rows = {(a["data-op"], a["data-grad"], a["data-dtype"]): a for t, a, anc in dom.find("tr")
+            if "data-grad" in a and "section#derivatives" in anc}
+    assert set(rows) == {("exp", "vjp", "float32"), ("exp", "jvp", "float16"), ("relu", "vjp", "float32"),
+                         ("softmax", "hvp", "float32")}
+    assert rows[("exp", "vjp", "float32")]["data-worst"] == "fail"
+    assert rows[("relu", "vjp", "float32")]["data-worst"] == "xfail"
+    cells = {a["title"] for t, a, anc in dom.find("td") if "c" in a.get("class", "").split()
+             and "section#derivatives" in anc}
+    assert cells == {"exp:vjp · float32 · mlx-cpu-eager: 1 fail, 2 pass", "exp:vjp · float32 · mlx-cpu-lazy: 1 pass",
+                     "exp:jvp · float16 · mlx-cpu-eager: 1 pass", "relu:vjp · float32 · mlx-cpu-eager: 1 xfail",
+                     "softmax:hvp · float32 · mlx-cpu-eager: 1 pass"}
+    view = {(r.op, r.grad, r.dtype): r for r in report_html.derivative_board(rep.cases, ["mlx-cpu-eager",
+                                                                                          "mlx-cpu-lazy"], {})}
+    exp_vjp = view[("exp", "vjp", "float32")]
+    assert exp_vjp.counts == [("fail", 1), ("pass", 3)] and exp_vjp.max_ulp == 5.0  # the failure's 900 is its outcome
+    assert view[("relu", "vjp", "float32")].max_ulp == 7.0 and view[("relu", "vjp", "float32")].family == "activation"
+    # the failure is listed under its derivative, linked from its derivative cell
+    fails = [a for t, a, anc in dom.find("tr") if a.get("id", "").startswith("f") and "section#failures" in anc]
+    assert len(fails) == 1 and "exp:vjp" in _section_text(html, "failures")
+    assert any(a.get("href") == "#f0" for t, a, anc in dom.find("a") if "section#derivatives" in anc)
+    # statistics and histograms: the derivative groups are their own rows and families
+    stats_text = _section_text(html, "stats")
+    assert "exp:vjp" in stats_text and "softmax:hvp" in stats_text
+    assert report_html.stats.ulps_by_family(rep.cases) == {
+        "activation": [1.0, 2.0], "activation · jvp": [1.0], "activation · vjp": [3.0, 5.0, 4.0], "reduce · hvp": [2.0]}
+    assert "relu:vjp" in _section_text(html, "divergences")
+    # no derivative records: no panel
+    fwd = report_html.write(records.load(write(tmp_path / "fwd", group("exp", "float32", [1.0]))),
+                            tmp_path / "f.html", with_plots=False).read_text()
+    assert 'id="derivatives"' not in fwd and 'id="scoreboard"' in fwd
+    assert not external_refs(dom)
 
 
 def test_report_command(synthetic, tmp_path, capsys):

@@ -55,8 +55,8 @@ def test_digest_of_every_dtype_and_shape():
 
 
 # -- synthetic records ---------------------------------------------------------------------------
-def case(op="exp", dtype="float32", mode="lazy", shape=(7,), vals="random", device="cpu"):
-    return matrix.Case(op, dtype, (shape,), "odd", (), vals, matrix.Target("mlx", device, mode))
+def case(op="exp", dtype="float32", mode="lazy", shape=(7,), vals="random", device="cpu", grad=""):
+    return matrix.Case(op, dtype, (shape,), "odd", (), vals, matrix.Target("mlx", device, mode), grad=grad)
 
 
 def rec(digests, outcome="pass", **kw) -> CaseResult:
@@ -259,6 +259,29 @@ def test_enforce_leaves_what_is_not_recorded_alone():
     before = [(r.outcome, r.message) for r in rs]
     assert stability.enforce(rs, RECORDED) == 0
     assert [(r.outcome, r.message) for r in rs] == before
+
+
+def test_derivative_digests_are_their_own_groups():
+    # the forward and the VJP of one op and input set: each compared across its own modes and
+    # repeats, never with the other's outputs
+    rs = [rec("f", mode="eager"), rec("f", mode="lazy"),
+          rec("g", mode="eager", grad="vjp"), rec("h", mode="lazy", grad="vjp"),
+          rec(["j", "k"], mode="eager", grad="jvp")]
+    assert {r.id.split("/")[-2] for r in rs[2:]} == {"grad:vjp", "grad:jvp"}
+    s = stability.classify(rs)
+    assert classes(s) == {("exp", "float32", "eager"): "bit-stable", ("exp", "float32", "lazy"): "bit-stable",
+                          ("exp:vjp", "float32", "eager"): "mode-dependent",
+                          ("exp:vjp", "float32", "lazy"): "mode-dependent",
+                          ("exp:jvp", "float32", "eager"): "nondeterministic"}
+    assert stability.stable_modes(s) == {("exp", "float32", "mlx", "cpu"): ["eager", "lazy"]}
+    assert stability.classify([r.to_json() for r in rs]) == s
+    # recorded bit-stable: the forward's record says nothing of the derivative, and the other way
+    assert stability.enforce([rec("g", mode="eager", grad="vjp"), rec("h", mode="lazy", grad="vjp")],
+                             RECORDED) == 0
+    rs = [rec("f", mode="eager"), rec("f", mode="lazy"), rec("g", mode="eager", grad="vjp"),
+          rec("h", mode="lazy", grad="vjp")]
+    assert stability.enforce(rs, {("exp:vjp", "float32", "mlx", "cpu"): frozenset({"eager", "lazy"})}) == 2
+    assert [r.outcome for r in rs] == ["pass", "pass", "fail", "fail"]
 
 
 def test_committed_file_loads():

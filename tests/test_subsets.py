@@ -1,6 +1,6 @@
 """Runs of part of the matrix behave (issue 15 item 6): a subset run by --dtypes, --ops, --mode
-or --device (and a pytest session narrowed by -k) warns of no known divergence that only cases
-outside its selection could have matched.
+or --device, with or without the derivative cases (--grad), and a pytest session narrowed by -k,
+warns of no known divergence that only cases outside its selection could have matched.
 
 The records are made without MLX: every case of the subset passes (so every entry part the
 subset holds matches a record), judged under the shipped cases/known_divergences.toml by the
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rlx_conformance.core.results import CaseResult
-from rlx_conformance.generate.matrix import Case, Target
+from rlx_conformance.generate.matrix import GRAD_KINDS, Case, Target
 from rlx_conformance.judge import divergences as kd
 from rlx_conformance.run import outcomes
 from rlx_conformance.run.session import build_cases
@@ -32,7 +32,15 @@ SUBSETS = {
     "ops": {"targets": [Target("mlx", "cpu", "compiled")], "ops": ["exp", "reduce_sum"], "dtypes": None},
     "mode": {"targets": [Target("mlx", "cpu", "lazy")], "ops": OPS, "dtypes": None},
     "device": {"targets": [Target("mlx", "cpu", m) for m in MODES], "ops": OPS, "dtypes": ["float32", "int32"]},
+    # the derivative cases too (run --grad all): the entries of the op itself match its forward
+    # cases whatever derivative records sit beside them
+    "grad": {"targets": [Target("mlx", "cpu", "compiled")], "ops": ["exp", "reduce_sum", "softmax"],
+             "dtypes": ["float16", "float32"], "grads": GRAD_KINDS},
 }
+
+
+def _cases(sel: dict) -> list[Case]:
+    return build_cases(sel["targets"], sel["ops"], sel["dtypes"], grads=sel.get("grads", ()))
 
 
 def _passing(cases: list[Case]) -> list[CaseResult]:
@@ -45,7 +53,7 @@ def test_a_subset_run_warns_of_no_entry_outside_its_selection(kind):
     matched a record, and the parts it does not hold (other dtypes, ops, modes, devices) are
     silent."""
     sel = SUBSETS[kind]
-    cases = build_cases(sel["targets"], sel["ops"], sel["dtypes"])
+    cases = _cases(sel)
     assert cases
     warnings = outcomes.finalize(_passing(cases))
     assert warnings == []
@@ -56,7 +64,7 @@ def test_a_part_the_subset_held_but_no_record_matched_still_warns(kind):
     """The control: drop the records of one entry part the subset holds (the cases it scopes
     went away) and that part, and only it, is reported as matching no case."""
     sel = SUBSETS[kind]
-    records = _passing(build_cases(sel["targets"], sel["ops"], sel["dtypes"]))
+    records = _passing(_cases(sel))
     # a part whose op keeps other records (so the run covered the op) once its cases are dropped
     hits = [(kd.part_of(r), r.op) for r in records if r.divergence]
     d, part = next(h for h, op in hits if any(x.op == op and kd.part_of(x) != h for x in records))

@@ -117,7 +117,7 @@ ONE_CASE = ["--case", "hard_sigmoid/float32/shape:3x5/vals:random/mlx-cpu-eager"
     ("mutates_input", "modified input 0 (x) in place"),
 ])
 def test_contract_violations_are_reported_as_such(tmp_path, name, words):
-    code, doc, _, _ = validate(tmp_path, "hard_sigmoid", f"{KERNELS}:{name}", *ONE_CASE)
+    code, _, _, _ = validate(tmp_path, "hard_sigmoid", f"{KERNELS}:{name}", *ONE_CASE)
     assert code == 1
     rs = results(tmp_path)
     assert len(rs) == 2
@@ -153,7 +153,7 @@ def test_input_mutation_is_caught_in_compiled_mode_too(tmp_path):
 ])
 def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, args, words):
     code = cli.main(["validate", *args, "--report", str(tmp_path / "r")])
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("rlx-conformance: error: "), err
     assert words in err, err
@@ -179,13 +179,13 @@ def test_importable_module_kernel(tmp_path, monkeypatch):
 
 # -- known divergences: excused only where the built-in kernel shares them -----------------------------
 def test_known_divergence_shared_with_builtin_is_xfail_and_strict_fails(tmp_path):
-    code, doc, _, _ = validate(tmp_path, "sign", f"{KERNELS}:sign_like_builtin", "--dtypes", "float32")
+    code, _, _, _ = validate(tmp_path, "sign", f"{KERNELS}:sign_like_builtin", "--dtypes", "float32")
     rs = results(tmp_path)
     xf = [r for r in rs.values() if r["outcome"] == "xfail"]
     assert xf and all("built-in kernel fails this case too" in r["message"] for r in xf)
     assert all(r["origin"] == f"{KERNELS}:sign_like_builtin" for r in xf)  # excused, still named
     assert code == 0
-    code, doc, _, _ = validate(tmp_path, "sign", f"{KERNELS}:sign_like_builtin", "--dtypes", "float32", "--strict")
+    code, _, _, _ = validate(tmp_path, "sign", f"{KERNELS}:sign_like_builtin", "--dtypes", "float32", "--strict")
     rs = results(tmp_path)
     assert code == 1 and not any(r["outcome"] == "xfail" for r in rs.values())
     assert any("--strict" in r["message"] for r in rs.values() if r["outcome"] == "fail")
@@ -198,7 +198,7 @@ def test_a_shared_divergence_is_no_blank_cheque(tmp_path, op, kernel):
     every such case is a failure naming the entry and why it does not excuse it (a kind or a cap
     the entry does not cover; the built-in kernel passing, or erring far less: its figures
     beside the port's), none an xfail."""
-    code, doc, _, _ = validate(tmp_path, op, f"{KERNELS}:{kernel}", "--dtypes", "float64")
+    code, _, _, _ = validate(tmp_path, op, f"{KERNELS}:{kernel}", "--dtypes", "float64")
     rs = results(tmp_path).values()
     bad = [r for r in rs if r["outcome"] == "fail"]
     assert code == 1 and len(bad) >= 10
@@ -213,7 +213,7 @@ def test_a_shared_divergence_is_no_blank_cheque(tmp_path, op, kernel):
 def test_a_gather_nd_port_wrong_on_embedding_tables_is_caught(tmp_path):
     """GatherND's most common use is a row lookup in a rank-2 table: the matrix generates rank-1
     and rank-2 data, so a port wrong only there fails (before, every family had rank 3 or 4)."""
-    code, doc, _, _ = validate(tmp_path, "onnx.GatherND", f"{KERNELS}:gather_nd_wrong_on_tables",
+    code, _, _, _ = validate(tmp_path, "onnx.GatherND", f"{KERNELS}:gather_nd_wrong_on_tables",
                                "--dtypes", "float32")
     bad = {r["id"] for r in results(tmp_path).values() if r["outcome"] == "fail"}
     assert code == 1 and bad and all("/shape:50x8+" in i and "/batch_dims:0/" in i for i in bad)
@@ -263,7 +263,7 @@ def test_error_inputs_declared_for_the_representative_families():
                 prevalidate(spec, inputs, attrs)
             except SpecError:
                 continue
-            with pytest.raises(Exception):
+            with pytest.raises(Exception):  # noqa: B017 — the reference's own error type, whichever it is
                 cpu.run(op, inputs, attrs)
     descs = {op: [d for d, _, _ in get_op(op).error_inputs()] for op in ("add", "reduce_sum", "cast", "mat_mul")}
     assert "shapes do not broadcast" in descs["add"] and "axis out of range" in descs["reduce_sum"]
@@ -346,7 +346,7 @@ def test_entry_point_kernels_show_in_ops_and_run_everywhere(tmp_path):
     report = tmp_path / "run"
     run = subprocess.run([sys.executable, "-m", "rlx_conformance", "run", "--ops", "neg", "--dtypes", "float32",
                           "--mode", "eager", "--workers", "1", "--report", str(report), "--no-progress"],
-                         env=env, capture_output=True, text=True, cwd=tmp_path)
+                         env=env, capture_output=True, text=True, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     cases = json.loads((report / "results.json").read_text())["cases"]
     assert cases and all(c["origin"] == origin for c in cases)  # loaded in every worker
@@ -360,7 +360,7 @@ def test_broken_entry_point_is_named(tmp_path):
         "def register(backend):\n    backend.register('neg', lambda x, y: x, replace=True)\n")
     env = dict(os.environ, PYTHONPATH=str(site))
     ops = subprocess.run([sys.executable, "-m", "rlx_conformance", "ops"], env=env, capture_output=True,
-                         text=True, cwd=tmp_path)
+                         text=True, cwd=tmp_path, check=False)
     assert ops.returncode == 2
     assert "entry point mlx = rlxplug:register (rlxplug 0.1)" in ops.stderr
     assert "takes 2 positional input(s)" in ops.stderr
@@ -450,3 +450,147 @@ def test_fuzz_shrinks_shapes_and_values_of_an_op_with_a_generate_hook(tmp_path, 
     assert sum(int(np.prod(s)) for s in fail["input_shapes"]) <= 6, fail["input_shapes"]
     assert fail["inputs"] is not None and len(fail["inputs"]) == 2
     assert f"inputs {fail['inputs']}" in " ".join(out.split()) or "shrunk inputs:" in out
+
+
+# -- derivatives: validate --grad (issue 16 item 8) ------------------------------------------------
+def _grad_cases(op: str, grad: str, dtype: str = "float32"):
+    from rlx_conformance.generate.matrix import Target, generate
+
+    return [c for c in generate([Target("mlx", "cpu", "eager")], ops=[op], dtypes=[dtype], grads=(grad,))
+            if c.grad == grad]
+
+
+def _failing(tmp_path) -> dict[str, dict]:
+    return {i: r for i, r in results(tmp_path).items() if r["outcome"] != "pass"}
+
+
+def _check_named(out: str, doc: dict, rs: dict[str, dict], label: str) -> None:
+    """Each failing derivative case names ``label`` as its wrong derivative, in the printed verdict
+    (with positions: reference, built-in and contributed values; the rerun line with --grad), in
+    validate.json's bad list and in results.json's mismatch rows."""
+    assert f"wrong derivative: {label}" in out, out
+    rows = [ln.strip() for ln in out.splitlines() if ln.strip().startswith(f"{label} at (")]
+    assert rows and all("reference " in r and "built-in " in r and "contributed " in r for r in rows), rows
+    assert "rerun: rlx-conformance validate " in out and " --grad vjp --case '" in out
+    for bad in doc["bad"]:
+        assert bad["outcome"] == "fail" and bad["grad"] == "vjp" and bad["derivatives"] == [label], bad
+        assert f"--grad vjp --case '{bad['id']}'" in bad["rerun"]
+        first = rs[bad["id"]]["mismatch"]["first"]
+        assert first and {row["of"] for row in first} == {label}
+
+
+def test_grad_a_vjp_missing_its_factor_is_rejected(tmp_path, capsys):
+    """tanh's custom VJP without (1 - y^2): every vjp case with elements fails, naming d/d input 0
+    (x); the forward and the JVP (MLX's autodiff of the forward) pass."""
+    code, doc, out, _ = validate(tmp_path, "tanh", f"{KERNELS}:tanh_vjp_missing_factor", "--grad", "vjp,jvp",
+                                 "--dtypes", "float32", capsys=capsys)
+    assert code == 1
+    rs = results(tmp_path)
+    sized = {c.id for c in _grad_cases("tanh", "vjp") if c.size() > 0}
+    assert sized and set(_failing(tmp_path)) == sized
+    assert doc["grads"] == ["vjp", "jvp"] and doc["by_grad"]["jvp"] == {"pass": len(_grad_cases("tanh", "jvp"))}
+    assert doc["by_grad"]["forward"] == {"pass": 14}
+    _check_named(out, doc, rs, "d/d input 0 (x)")
+    assert "by derivative" in out and "FAIL" in out
+
+
+def test_grad_a_wrong_custom_jvp_names_the_output(tmp_path, capsys):
+    """tanh's custom JVP without its factor: the jvp cases with elements fail, naming "JVP of
+    output 0"; the vjp cases (MLX's autodiff) pass."""
+    code, doc, out, _ = validate(tmp_path, "tanh", f"{KERNELS}:tanh_jvp_missing_factor", "--grad", "vjp,jvp",
+                                 "--dtypes", "float32", capsys=capsys)
+    sized = {c.id for c in _grad_cases("tanh", "jvp") if c.size() > 0}
+    assert code == 1 and sized and set(_failing(tmp_path)) == sized
+    assert all(b["derivatives"] == ["JVP of output 0"] and "--grad jvp --case" in b["rerun"] for b in doc["bad"])
+    assert "wrong derivative: JVP of output 0" in out and "JVP of output 0 at (" in out
+
+
+def test_grad_a_transposed_mat_mul_vjp_is_rejected_on_a_non_square_case(tmp_path, capsys):
+    """A's cotangent transposed (B uᵀ reshaped to A's shape) on 3x5 @ 5x4: d/d input 0 (a) is
+    named, B's cotangent is right and not named."""
+    case = "mat_mul/float32/shape:3x5+5x4/vals:random/grad:vjp/mlx-cpu-eager"
+    code, doc, out, _ = validate(tmp_path, "mat_mul", f"{KERNELS}:mat_mul_vjp_transposed", "--grad", "vjp",
+                                 "--case", case, capsys=capsys)
+    assert code == 1 and list(_failing(tmp_path)) == [case]
+    _check_named(out, doc, results(tmp_path), "d/d input 0 (a)")
+    assert "(b)" not in out
+
+
+def test_grad_a_gather_vjp_dropping_duplicate_indices_is_rejected_exactly_where_indices_repeat(tmp_path, capsys):
+    """Gather's custom VJP assigning the cotangent instead of accumulating it fails the vjp cases
+    whose indices (negative ones wrapped) repeat, and only those; the right (accumulating) VJP
+    passes them all."""
+    from rlx_conformance.generate.matrix import make_inputs
+
+    def repeats(c) -> bool:
+        x, idx = make_inputs(c)[:2]
+        axis = dict(c.attrs)["axis"] % x.ndim
+        w = np.where(idx < 0, idx + x.shape[axis], idx).ravel()
+        return np.unique(w).size < w.size and x.size > 0
+
+    cases = _grad_cases("gather", "vjp")
+    with_repeats = {c.id for c in cases if repeats(c)}
+    assert with_repeats and len(with_repeats) < len(cases)
+    code, doc, out, _ = validate(tmp_path, "gather", f"{KERNELS}:gather_vjp_drops_duplicates", "--grad", "vjp",
+                                 "--dtypes", "float32", capsys=capsys)
+    assert code == 1 and set(_failing(tmp_path)) == with_repeats
+    _check_named(out, doc, results(tmp_path), "d/d input 0 (x)")
+    code, doc, _, _ = validate(tmp_path / "right", "gather", f"{KERNELS}:gather_vjp_right", "--grad", "vjp,jvp",
+                               "--dtypes", "float32")
+    assert code == 0 and doc["summary"]["pass"] == doc["summary"]["total"] == 18 + 2 * len(cases)
+
+
+def test_grad_a_vjp_right_only_for_contiguous_cotangents_is_rejected(tmp_path, capsys):
+    """The harness hands rank >= 2 seeds in column-major memory for every other input id
+    (run/derivatives.handed_seeds): a custom VJP that reads its cotangent's buffer as row-major
+    fails exactly those cases and passes the ones handed row-major."""
+    from rlx_conformance.generate.matrix import make_inputs, make_seeds
+    from rlx_conformance.run.derivatives import handed_seeds
+
+    cases = _grad_cases("tanh", "vjp")
+    strided = {c.id for c in cases
+               if any(u is not None and u.size > 1 and not u.flags.c_contiguous
+                      for u in handed_seeds(c, make_seeds(c, make_inputs(c))).cotangents)}
+    assert strided and len(strided) < len(cases)
+    code, doc, out, _ = validate(tmp_path, "tanh", f"{KERNELS}:tanh_vjp_contiguous_only", "--grad", "vjp",
+                                 "--dtypes", "float32", capsys=capsys)
+    assert code == 1 and set(_failing(tmp_path)) == strided
+    _check_named(out, doc, results(tmp_path), "d/d input 0 (x)")
+
+
+@pytest.mark.parametrize("kernel, mode", [("tanh_custom_vjp", "eager"), ("tanh_custom_vjp", "compiled"),
+                                          ("tanh_plain", "lazy")])
+def test_grad_right_kernels_pass(tmp_path, capsys, kernel, mode):
+    """A right custom VJP (MLX calls it; its HVP is MLX's JVP of it) and a plain kernel (MLX
+    differentiates through it) pass every vjp, jvp and hvp case, in each mode."""
+    code, doc, out, _ = validate(tmp_path, "tanh", f"{KERNELS}:{kernel}", "--grad", "--dtypes", "float32",
+                                 "--mode", mode, capsys=capsys)
+    n = {g: len(_grad_cases("tanh", g)) for g in ("vjp", "jvp", "hvp")}
+    assert code == 0, out
+    assert doc["grads"] == ["vjp", "jvp", "hvp"]
+    assert doc["by_grad"] == {"forward": {"pass": 14}, **{g: {"pass": k} for g, k in n.items()}}
+    assert "PASS" in out
+
+
+def test_grad_json_output_carries_the_wrong_derivative(tmp_path, capsys):
+    case = "mat_mul/float32/shape:3x5+5x4/vals:random/grad:vjp/mlx-cpu-eager"
+    code = cli.main(["validate", "mat_mul", "--kernel", f"{KERNELS}:mat_mul_vjp_transposed", "--report",
+                     str(tmp_path / "report"), *FAST, "--grad", "vjp", "--case", case, "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["exit_code"] == 1
+    (bad,) = doc["bad"]
+    assert bad["id"] == case and bad["derivatives"] == ["d/d input 0 (a)"]
+    (worst,) = doc["worst"]
+    rows = worst["mismatch"]["first"]
+    assert rows and all(r["of"] == "d/d input 0 (a)" and "expected" in r and "actual" in r for r in rows)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["eq", "--grad"], "--grad: eq has no derivative"),
+    (["tanh", "--grad", "vjp,hessian"], "--grad wants all, none or derivative kinds"),
+])
+def test_grad_usage_errors_are_one_line(tmp_path, capsys, args, words):
+    code = cli.main(["validate", args[0], "--kernel", f"{KERNELS}:tanh_plain", "--report", str(tmp_path / "r"),
+                     *FAST, *args[1:]])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and err.count("\n") == 1, err

@@ -92,7 +92,7 @@ def test_same_id_same_inputs_in_fresh_process(tmp_path):
         "    print(h.hexdigest())\n"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout.split()
@@ -302,3 +302,119 @@ def test_structural_domain_draws_random():
     a = values.make_array(s1, (4, 6), "float32", "nn_mask", "constant", {})
     b = values.make_array(s2, (4, 6), "float32", "nn_mask", "random", {})
     assert np.array_equal(a, b)
+
+
+# -- gradient-only classes (kink, ties, near_zero) ------------------------------------------------
+def _grad_case(op: str, dtype: str, vals: str, family: str | None = None) -> matrix.Case:
+    """The first vjp case of ``op`` in class ``vals`` (of shape family ``family`` if given)."""
+    cases = [c for c in matrix.generate([T], ops=[op], dtypes=[dtype], grads=("vjp",))
+             if c.vals == vals and (family is None or c.family == family)]
+    assert cases, (op, dtype, vals, family)
+    return cases[0]
+
+
+GRAD_CASES = [_grad_case("relu", "bfloat16", "kink", "prime"),
+              _grad_case("max", "float32", "ties", "same"),
+              _grad_case("sqrt", "float16", "near_zero", "prime")]
+GRAD_GOLDEN = {  # as GOLDEN above: the new classes' generators pinned (change only on purpose)
+    "relu/bfloat16/shape:1031/vals:kink": "022c30db0875ad1b4a7c2ccb4abd93e1236496fc69138af600701fa0842c47dd",
+    "max/float32/shape:1031+1031/vals:ties": "4eeb4cb71c87a1428886afabddd8ad9ce91b0c5ee9982cc88f6fbdd9bef65d53",
+    "sqrt/float16/shape:1031/vals:near_zero": "d1a869ebbc563f6987c4b39ffbd7926b80d16a3736b67701b9bb1f2120b88d94",
+}
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.forward_id)
+def test_grad_classes_golden_and_deterministic(case):
+    """A derivative case's inputs are its forward id's (the grad segment and target do not
+    change them), the same twice, and pinned."""
+    a, b = matrix.make_inputs(case), matrix.make_inputs(dataclasses.replace(case, grad="jvp"))
+    assert digest(a) == digest(b) == GRAD_GOLDEN[case.forward_id]
+    other = dataclasses.replace(case, shapes=tuple((1030,) for _ in case.shapes))
+    assert digest(matrix.make_inputs(other)) != digest(a)
+
+
+def _pool_hits(x: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    return np.isin(x.astype(np.float64), pool.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", dt.FLOATS)
+@pytest.mark.parametrize("domain,attrs", [("real", {}), ("hard", {}), ("positive", {}),
+                                          ("clamp", {"min": -3.0, "max": 5.0})])
+def test_kink_class_has_the_points_and_their_neighbours(dtype, domain, attrs):
+    """Half the elements (a coin) at a declared kink or one ulp either side, every such point
+    present, the rest the random class's draw, on both sides of each kink."""
+    kinks = values.kinks(dtype, domain, attrs)
+    assert kinks, domain
+    pool = values.kink_points(dtype, domain, attrs)
+    assert len(pool) == 3 * len(kinks)  # each point and one neighbour on either side
+    x = values.make_array(values.Stream("kink-test#0"), (4000,), dtype, domain, "kink", attrs)
+    rnd = values.make_array(values.Stream("kink-test#0"), (4000,), dtype, domain, "random", attrs)
+    hit = _pool_hits(x, pool)
+    assert 0.45 < hit.mean() < 0.55
+    assert set(np.unique(x[hit].astype(np.float64))) == set(pool.astype(np.float64))
+    assert np.array_equal(x[~hit], rnd[~hit])  # the other half: the random draw, unchanged
+    for k in kinks:
+        assert (x.astype(np.float64) < k).any() and (x.astype(np.float64) > k).any()
+    up = np.nextafter(np.float32(kinks[0]), np.float32(np.inf)) if dtype == "float32" else None
+    if up is not None:
+        assert (x == up).any()
+
+
+def test_clamp_kinks_follow_the_attributes():
+    for lo, hi in [(-3.0, 5.0), (0.0, 6.0)]:
+        assert values.kinks("float32", "clamp", {"min": lo, "max": hi}) == [lo, hi]
+
+
+def test_grad_classes_draw_random_without_kinks_or_floats():
+    """An input with nothing to place (no kinks in its domain, an integer or bool input) keeps
+    the random class's draw."""
+    for dtype, domain, vals in [("float32", "pow_exp", "kink"), ("float32", "sigmoid", "near_zero"),
+                                ("int32", "real", "kink"), ("int32", "real", "ties"),
+                                ("bool", "real", "ties")]:
+        a = values.make_array(values.Stream("g#0"), (50,), dtype, domain, vals, {})
+        b = values.make_array(values.Stream("g#0"), (50,), dtype, domain, "random", {})
+        assert np.array_equal(a, b), (dtype, domain, vals)
+
+
+@pytest.mark.parametrize("dtype", dt.FLOATS)
+def test_near_zero_class_approaches_the_points_inside_the_range(dtype):
+    """sqrt/log's domain (positive, kink 0): half the elements near 0, at 0 and its neighbour
+    and at distances down to 2^-2p; none outside the domain's range."""
+    x = values.make_array(values.Stream("nz#0"), (4000,), dtype, "positive", "near_zero", {}).astype(np.float64)
+    p = dt.finfo(dtype).mant_bits + 1
+    lo, hi = data.load("domains")["positive"]["range"]
+    assert (x >= lo).all() and (x <= hi).all()
+    near = x < 1.0
+    assert 0.45 < near.mean() < 0.6
+    assert (x == 0).any() and (x == float(dt.finfo(dtype).smallest_subnormal)).any()
+    small = x[(x > 0) & (x < 1)]
+    assert small.min() < 2.0 ** (-1.5 * p) and small.max() > 2.0 ** -2
+
+
+@pytest.mark.parametrize("dtype", dt.FLOATS)
+def test_ties_class_ties_inputs_and_rows(dtype):
+    """Ties: the same positions and values in every input of the case (max/min see a == b
+    there), and repeated range ends in each row (a reduction's maximum is tied)."""
+    key = f"max/{dtype}/ties"
+    a = values.make_array(values.Stream(f"{key}#0"), (40, 30), dtype, "real", "ties", {})
+    b = values.make_array(values.Stream(f"{key}#1"), (40, 30), dtype, "real", "ties", {})
+    rnd = values.make_array(values.Stream(f"{key}#1"), (40, 30), dtype, "real", "random", {})
+    eq = a == b
+    tied = eq & np.isin(a, [-10, 0, 10])
+    assert 0.45 < tied.mean() < 0.55
+    assert (eq & ~tied).mean() < 0.01  # the random halves rarely coincide (bfloat16's coarse grid)
+    assert np.array_equal(b[~tied], rnd[~tied])
+    assert set(np.unique(a[tied].astype(np.float64))) == {-10.0, 0.0, 10.0}
+    # a row's max is 10 (the range's top, above every random draw), mostly held by several
+    # elements (each is 10 with probability 1/6: a row of 30 has two or more 97% of the time)
+    assert ((a == a.max(axis=1, keepdims=True)).sum(axis=1) >= 2).mean() > 0.9
+    assert (a.max(axis=1) == 10).mean() > 0.9
+    # inputs of different sizes (broadcasting) share their common prefix's positions and values
+    c = values.make_array(values.Stream(f"{key}#0"), (30,), dtype, "real", "ties", {})
+    assert np.array_equal(np.isin(c, [-10, 0, 10]), np.isin(b.reshape(-1)[:30], [-10, 0, 10]))
+    assert 0.3 < (c == b.reshape(-1)[:30]).mean() < 0.7
+
+
+def test_integer_ties_pool_stays_integral():
+    x = values.make_array(values.Stream("sort#0"), (500,), "float32", "sort", "ties", {})
+    assert np.array_equal(x, np.floor(x)) and {-50.0, 0.0, 50.0} <= set(np.unique(x).tolist())

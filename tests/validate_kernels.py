@@ -210,3 +210,147 @@ def mat_vec_first_try(values, col_idx, row_ptr, x):
 
 def mat_vec_fixed(values, col_idx, row_ptr, x):
     return _mat_vec(values, col_idx, row_ptr, x, accumulate=True)
+
+
+# -- derivatives (validate --grad): kernels made with mx.custom_function bring their own VJP ---------
+def _tanh_with_vjp(cotangent_of):
+    """tanh as an mx.custom_function whose VJP is ``cotangent_of(cot, y) * ...`` (MLX calls it
+    under mx.vjp; its JVP is MLX's autodiff of the forward)."""
+    @mx.custom_function
+    def f(x):
+        return mx.tanh(x)
+
+    @f.vjp
+    def f_vjp(primals, cot, y):
+        return (cotangent_of(cot, y),)
+    return f
+
+
+_tanh_right = _tanh_with_vjp(lambda u, y: u * (1 - y * y))
+_tanh_no_factor = _tanh_with_vjp(lambda u, y: u)  # the bug: (1 - y^2) forgotten
+
+
+def _row_major_read(u):
+    """The cotangent's buffer read element by element in memory order and taken as row-major
+    (what a hand-written kernel does with a raw pointer): right for a row-contiguous cotangent,
+    scrambled for any other layout (a transposed view, a column-major array). numpy's view of
+    an MLX array keeps its strides; ravel(order="K") walks memory order."""
+    c = np.asarray(u)
+    return mx.array(c.ravel(order="K").reshape(c.shape))
+
+
+_tanh_contiguous_only = _tanh_with_vjp(lambda u, y: _row_major_read(u) * (1 - y * y))
+
+
+def tanh_custom_vjp(x):
+    """tanh with a right VJP of its own (mx.custom_function): validate --grad must pass it."""
+    return _tanh_right(x)
+
+
+def tanh_plain(x):
+    """tanh with no VJP of its own: MLX differentiates through it."""
+    return mx.tanh(x)
+
+
+def tanh_vjp_missing_factor(x):
+    """tanh whose custom VJP returns the cotangent as is: the factor 1 - tanh(x)^2 is missing."""
+    return _tanh_no_factor(x)
+
+
+def tanh_vjp_contiguous_only(x):
+    """tanh whose custom VJP reads its cotangent's buffer as row-major: right for contiguous
+    cotangents only (and, reading through numpy, untraceable: eager and lazy modes only)."""
+    return _tanh_contiguous_only(x)
+
+
+@mx.custom_function
+def _tanh_bad_jvp(x):
+    return mx.tanh(x)
+
+
+@_tanh_bad_jvp.jvp
+def _tanh_bad_jvp_jvp(primals, tangents):
+    # one primal: MLX hands the tangent itself, not a tuple of one
+    t = tangents[0] if isinstance(tangents, (tuple, list)) else tangents
+    return (t,)  # the bug: the factor 1 - tanh(x)^2 is missing
+
+
+def tanh_jvp_missing_factor(x):
+    """tanh whose custom JVP returns the tangent as is (its VJP is MLX's autodiff: right)."""
+    return _tanh_bad_jvp(x)
+
+
+@mx.custom_function
+def _mat_mul_transposed(a, b):
+    return mx.matmul(a, b)
+
+
+@_mat_mul_transposed.vjp
+def _mat_mul_transposed_vjp(primals, cot, out):
+    """MLX's own VJP, except A's cotangent: (u Bᵀ)ᵀ = B uᵀ, reshaped to A's shape (the
+    transpose back forgotten); B's cotangent is right."""
+    da, db = mx.vjp(mx.matmul, list(primals), [cot])[1]
+    if da.ndim >= 2:
+        da = mx.swapaxes(da, -1, -2).reshape(da.shape)
+    return da, db
+
+
+def mat_mul_vjp_transposed(a, b):
+    """mat_mul whose custom VJP gets A's cotangent transposed: wrong whenever A's last two axes
+    are not 1-wide, right for B."""
+    return _mat_mul_transposed(a, b)
+
+
+_GATHERS: dict = {}
+
+
+def _gather(axis, accumulate):
+    """ONNX Gather along ``axis`` as an mx.custom_function whose VJP scatters the cotangent
+    into zeros: by accumulation (right), or by assignment (the bug: of duplicate indices one
+    cotangent survives, the others are dropped). Its JVP (gather the tangent) is its own too:
+    MLX's autodiff of a custom_function differentiates every argument, the indices included."""
+    key = (axis, accumulate)
+    if key in _GATHERS:
+        return _GATHERS[key]
+
+    def parts(x, indices):
+        ax = axis % x.ndim
+        idx = indices.reshape(-1).astype(mx.int32)
+        idx = mx.where(idx < 0, idx + x.shape[ax], idx)
+        pre = int(np.prod(x.shape[:ax], dtype=np.int64))
+        post = int(np.prod(x.shape[ax + 1:], dtype=np.int64))
+        return ax, idx, pre, post
+
+    @mx.custom_function
+    def g(x, indices):
+        ax, idx, _, _ = parts(x, indices)
+        return mx.take(x, idx, axis=ax).reshape(x.shape[:ax] + indices.shape + x.shape[ax + 1:])
+
+    @g.vjp
+    def g_vjp(primals, cot, out):
+        x, indices = primals
+        ax, idx, pre, post = parts(x, indices)
+        u = cot.reshape(pre, idx.size, post)
+        dx = mx.zeros((pre, x.shape[ax], post), dtype=cot.dtype)
+        if accumulate:
+            dx = dx.at[:, idx, :].add(u)
+        else:
+            dx[:, idx, :] = u
+        return dx.reshape(x.shape), mx.zeros_like(indices)
+
+    @g.jvp
+    def g_jvp(primals, tangents):  # its own (right) JVP: the indices get none
+        return (g(tangents[0], primals[1]),)
+
+    _GATHERS[key] = g
+    return g
+
+
+def gather_vjp_right(x, indices, *, axis):
+    """ONNX Gather whose custom VJP accumulates over duplicate indices."""
+    return _gather(axis, True)(x, indices)
+
+
+def gather_vjp_drops_duplicates(x, indices, *, axis):
+    """ONNX Gather whose custom VJP assigns instead of accumulating: wrong where an index repeats."""
+    return _gather(axis, False)(x, indices)

@@ -96,6 +96,30 @@ def softmax_centered(s: np.ndarray, w: np.ndarray, axis: int) -> np.ndarray:
     return c
 
 
+def softmax_hvp_parts(s: np.ndarray, u: np.ndarray, v: np.ndarray, axis: int) -> np.ndarray:
+    """d/de of the VJP s (u - <s, u>) along x + e v: ds (u - <s, u>) - s <u, ds> with
+    ds = s (v - <s, v>) (softmax's JVP), the centered factors by softmax_centered. Shared by the
+    ops built on softmax (softmax_cross_entropy)."""
+    ds = s * softmax_centered(s, v, axis)
+    return ds * softmax_centered(s, u, axis) - s * np.sum(u * ds, axis=axis, keepdims=True)
+
+
+def softmax_hvp_magnitude_parts(s: np.ndarray, spread: np.ndarray, u: np.ndarray, v: np.ndarray,
+                                axis: int) -> tuple[np.ndarray, int]:
+    """The absolute-value version of softmax_hvp_parts' terms, (|v| + <s, |v|>) s (|u| +
+    <s, |u|>) + s <|u|, s (|v| + <s, |v|>)>, with each s_j scaled by 1 + spread_j / (n + 2)
+    (spread = |x - max x|: exp of the rounded x - max is off by that many u relative); terms
+    3 (n + 2) + 2: the terms are cubic in s and each computed s carries up to (n + 2 + spread) u
+    relative error (the sum of n exponentials, the exp, the division), so gamma_(3(n+2)) times
+    the weighted cubic bounds their effect, and the sums along the axis are n products each."""
+    n = s.shape[axis]
+    sw = s * (1 + spread / (n + 2))
+    au, av = np.abs(u), np.abs(v)
+    dsa = sw * (av + np.sum(sw * av, axis=axis, keepdims=True))
+    mag = dsa * (au + np.sum(sw * au, axis=axis, keepdims=True)) + sw * np.sum(au * dsa, axis=axis, keepdims=True)
+    return mag, 3 * (n + 2) + 2
+
+
 def unary_rule(op: str, deriv: Callable[[np.ndarray], np.ndarray], convention: str = "",
                radius: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
     """Register the rules of an elementwise unary op from its derivative f'(x): the VJP is u f'(x),
@@ -110,3 +134,222 @@ def unary_rule(op: str, deriv: Callable[[np.ndarray], np.ndarray], convention: s
     BACKEND.vjp(op, convention=convention,
                 radius=None if radius is None else (lambda xs, attrs: [radius(xs[0])]))(vjp)
     BACKEND.jvp(op)(jvp)
+
+
+def unary_second_rule(op: str, second: Callable[[np.ndarray], np.ndarray],
+                      extra: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+    """Register the second-order rules of an elementwise unary op from f''(x): the HVP is
+    u v f''(x) (d/de of u f'(x + e v); the Hessian of <u, f> is diagonal), and its magnitude
+    (|f''(x)| + extra(x)) |u| |v| with 2 terms (the products u v and (u v) f'').
+
+    ``extra(x) >= 0``: what a backend's own evaluation of f'' can add beyond |f''| per unit of
+    rounding: the sensitivity |d f''/d y| |y| to the rounding of a saved forward value y it
+    computes f'' from (a tanh or sigmoid reused by the VJP: near saturation f'' cancels while
+    y's error does not), that to a rounded inner argument (x / sqrt 2, x^2, c (x + a x^3): a
+    relative u of the argument moves f'' by its derivative times the argument), and the
+    absolute values of the terms autodiff sums to f'' where they cancel (product and quotient
+    rules). None: f'' is a product of powers of rounded values, one relative rounding each, which
+    cases/derivatives.toml's roundings count."""
+    def hvp(inputs: list[np.ndarray], attrs: dict, cots: Grads, tans: Grads) -> Grads:
+        return [cots[0] * tans[0] * second(inputs[0])]
+
+    def hvp_magnitude(inputs: list[np.ndarray], attrs: dict, cots: Grads, tans: Grads
+                      ) -> tuple[Grads, int]:
+        x = inputs[0]
+        scale = np.abs(second(x)) + (0.0 if extra is None else extra(x))
+        return [scale * np.abs(cots[0]) * np.abs(tans[0])], 2
+
+    BACKEND.hvp(op)(hvp)
+    BACKEND.hvp_magnitude(op)(hvp_magnitude)
+
+
+# -- derivative magnitudes (DerivativeRule.magnitude): the scale the derivative judge's bound
+# multiplies, per result >= |J|^T |u| (vjp) or |J| |v| (jvp). A few generic strategies evaluate
+# the op's own registered rules on transformed inputs and seeds, so each is exact for the class
+# of Jacobians it names and costs one or two rule calls; ``saved`` terms add the sensitivity to
+# the rounding of forward values a backend's derivative is computed from (see diagonal). Each
+# returns the magnitude function; the family file registers it (BACKEND.magnitude(op)(...)).
+Mags = tuple[Grads, int]
+
+
+def _rule_call(op: str, kind: str, inputs: list[np.ndarray], attrs: dict, seeds: Grads) -> Grads:
+    """The registered vjp or jvp rule of ``op`` (looked up at call time: the rules of a family
+    are registered after its magnitude's decorator runs)."""
+    rule = BACKEND.derivatives[op]
+    return list((rule.vjp if kind == "vjp" else rule.jvp)(inputs, attrs, seeds))
+
+
+def _abs(xs: Grads) -> Grads:
+    return [None if x is None else np.abs(x) for x in xs]
+
+
+def _is_float(x: np.ndarray) -> bool:
+    return np.issubdtype(np.asarray(x).dtype, np.floating)
+
+
+def _ones_like(xs: Grads) -> Grads:
+    return [None if x is None else np.ones(np.shape(x)) for x in xs]
+
+
+def _max_count(res: Grads) -> int:
+    """The largest entry of a rule evaluated on ones: how many products a result sums."""
+    return max((int(np.ceil(np.max(r))) for r in res if r is not None and np.size(r)), default=1)
+
+
+def multilinear(op: str, terms: Callable[[list[np.ndarray], dict, str], int] | None = None
+                ) -> Callable[..., Mags]:
+    """The magnitude of an op that is linear in each differentiable input separately and whose
+    coefficients are products of its floating inputs with constant nonnegative factors, up to
+    one sign per result (mat_mul, conv, dot_general, reduce_sum/mean/prod, cumsum, cum_prod,
+    fma, the layout ops, gather/scatter of data, sparse mat_vec): rule(|x|, |seed|) is then
+    exactly |J|-product. ``terms(inputs, attrs, kind)``, by default the rule on all-ones
+    floating inputs and seeds: the products one result sums (an op with coefficients below 1,
+    a mean, must pass its own)."""
+    def magnitude(inputs: list[np.ndarray], attrs: dict, kind: str, seeds: Grads) -> Mags:
+        ax = [np.abs(x) if _is_float(x) else x for x in inputs]
+        mags = _abs(_rule_call(op, kind, ax, attrs, _abs(seeds)))
+        if terms is not None:
+            return mags, int(terms(inputs, attrs, kind))
+        ones = [np.ones(x.shape) if _is_float(x) else x for x in inputs]
+        return mags, _max_count(_rule_call(op, kind, ones, attrs, _ones_like(seeds)))
+
+    return magnitude
+
+
+def selection(op: str, terms: Callable[[list[np.ndarray], dict, str], int] | None = None
+              ) -> Callable[..., Mags]:
+    """The magnitude of an op whose Jacobian is nonnegative and depends on the values only
+    through which elements are selected (max/min reductions, sort, top_k, cum_max, max pooling,
+    scatter max/min: entries 0, 1 or a tie's share 1/k): rule(x, |seed|) is exactly |J|-product.
+    ``terms(inputs, attrs, kind)``: the most selected elements one result sums; by default the
+    rule on ones seeds, exact where the entries are 0 or 1 (a tie-sharing op must pass its own)."""
+    def magnitude(inputs: list[np.ndarray], attrs: dict, kind: str, seeds: Grads) -> Mags:
+        mags = _abs(_rule_call(op, kind, inputs, attrs, _abs(seeds)))
+        if terms is not None:
+            return mags, int(terms(inputs, attrs, kind))
+        return mags, _max_count(_rule_call(op, kind, inputs, attrs, _ones_like(seeds)))
+
+    return magnitude
+
+
+def _partials_at(op: str, inputs: list[np.ndarray], attrs: dict) -> tuple[Grads, tuple[int, ...]]:
+    """The partials of an elementwise (broadcasting) op at the broadcast point: its VJP with the
+    floating inputs broadcast to the output shape and a cotangent of ones (nothing is summed)."""
+    shape = np.broadcast_shapes(*(x.shape for x in inputs))
+    full = [np.array(np.broadcast_to(x, shape)) for x in inputs]
+    return _rule_call(op, "vjp", full, attrs, [np.ones(shape)]), shape
+
+
+def _diagonal(op: str, inputs: list[np.ndarray], attrs: dict, kind: str, seeds: Grads,
+              d: Grads, shape: tuple[int, ...]) -> Mags:
+    """unbroadcast(d_k |u|) per input (vjp) or sum_k d_k |v_k| per output (jvp), d_k >= 0 at the
+    broadcast point; terms: an input's broadcast count (vjp), the differentiable inputs (jvp)."""
+    if kind == "vjp":
+        u = np.abs(seeds[0])
+        mags = [None if p is None else unbroadcast(p * u, x.shape) for p, x in zip(d, inputs)]
+        return mags, max((int(np.prod(shape)) // max(x.size, 1) for x, p in zip(inputs, d)
+                          if p is not None), default=1)
+    out = np.zeros(shape)
+    for p, v in zip(d, seeds):
+        if p is not None and v is not None:
+            out = out + p * np.abs(np.broadcast_to(v, shape))
+    return [out], sum(1 for p in d if p is not None)
+
+
+def diagonal(op: str, saved: Callable[[list[np.ndarray], dict], Grads] | None = None
+             ) -> Callable[..., Mags]:
+    """The magnitude of an elementwise op with broadcasting (each output element
+    depends on one element of each input): from the partials d_k at the broadcast point,
+    unbroadcast(|d_k| |u|) per input (vjp) and sum_k |d_k| |v_k| per output (jvp), exact.
+
+    ``saved(broadcast inputs, attrs)``: per input, |dg/dy| |y| where an established
+    implementation computes the partial g from the op's rounded forward output y (MLX's tanh
+    VJP is 1 - y^2, sigmoid's y (1 - y), exp's y): rounding y by a relative u moves g by u times
+    that, which dominates g where g cancels (1 - y^2 near saturation). It is added to |d_k|, and
+    the judge's gamma multiplies it by u; :data:`SAVED_TERMS` keeps that part on its own."""
+    def exact(inputs: list[np.ndarray], attrs: dict, kind: str, seeds: Grads) -> Mags:
+        parts, shape = _partials_at(op, inputs, attrs)
+        return _diagonal(op, inputs, attrs, kind, seeds, _abs(parts), shape)
+
+    if saved is None:
+        return exact
+
+    def saved_part(inputs: list[np.ndarray], attrs: dict, kind: str, seeds: Grads) -> Grads:
+        shape = np.broadcast_shapes(*(x.shape for x in inputs))
+        extra = saved([np.array(np.broadcast_to(x, shape)) for x in inputs], attrs)
+        return _diagonal(op, inputs, attrs, kind, seeds, extra, shape)[0]
+
+    def magnitude(inputs: list[np.ndarray], attrs: dict, kind: str, seeds: Grads) -> Mags:
+        mags, terms = exact(inputs, attrs, kind, seeds)
+        return add_grads(mags, saved_part(inputs, attrs, kind, seeds)), terms
+
+    SAVED_TERMS[op] = saved_part
+    return magnitude
+
+
+def add_grads(a: Grads, b: Grads) -> Grads:
+    """a + b per result (None where either is None)."""
+    return [None if x is None or y is None else x + y for x, y in zip(a, b)]
+
+
+# op -> the part of its declared magnitude that is not |J|-product: the sensitivity to the
+# rounding of saved forward values (or, for a solve, of its own backward-stable solves), with
+# the magnitude's signature (tests/test_derivative_magnitude.py takes it apart).
+SAVED_TERMS: dict[str, Callable[[list[np.ndarray], dict, str, Grads], Grads]] = {}
+
+
+def exclusive_sums(a: np.ndarray, axis: int) -> np.ndarray:
+    """sum_{j != i} a_j along ``axis`` for nonnegative a, as a prefix plus a suffix sum (no
+    subtraction from the total, which cancels where a_i dominates)."""
+    w = np.moveaxis(a, axis, -1)
+    zero = np.zeros(w.shape[:-1] + (1,))
+    before = np.cumsum(np.concatenate([zero, w[..., :-1]], -1), -1)
+    after = np.flip(np.cumsum(np.concatenate([zero, np.flip(w, -1)[..., :-1]], -1), -1), -1)
+    return np.moveaxis(before + after, -1, axis)
+
+
+def _swap(a: np.ndarray) -> np.ndarray:
+    return np.swapaxes(a, -1, -2)
+
+
+def solve_magnitude(a: np.ndarray, x: np.ndarray, kind: str, w: np.ndarray, wa: np.ndarray | None = None,
+                    skeel: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """The magnitudes of x = A⁻¹ B's derivatives (B, x: columns), with N = |A⁻¹|: the exact
+    |J|-products, vjp (w = |u|; gB = A⁻ᵀ u, gA = -gB xᵀ): Nᵀ w and (Nᵀ w) |x|ᵀ; jvp (w = |dB|,
+    wa = |dA|; dx = A⁻¹ (dB - dA x)): N (w + wa |x|). With ``skeel``, only what the solves' own
+    rounding adds: a backward stable solve of A y = r returns the solution of (A + dA) y = r,
+    |dA| <= gamma |A| (Higham ch. 9, |L||U| ~ |A| with pivoting), an error of gamma N |A| |y|
+    (Skeel), not gamma N |r|; vjp: Nᵀ |A|ᵀ |gB| for gB, that times |x|ᵀ plus |gB| (N |A| |x|)ᵀ
+    (the forward x reused) for gA; jvp: N (|A| |dx| + wa N |A| |x|). Returns (for B, for A)."""
+    n = np.linalg.inv(a)
+    nn, aa, ax = np.abs(n), np.abs(a), np.abs(x)
+    dx_x = nn @ (aa @ ax)  # the forward x's own error scale
+    if kind == "vjp":
+        if not skeel:
+            mb = _swap(nn) @ w
+            return mb, mb @ _swap(ax)
+        gb = np.abs(np.linalg.solve(_swap(a), w))
+        mb = _swap(nn) @ (_swap(aa) @ gb)
+        return mb, mb @ _swap(ax) + gb @ _swap(dx_x)
+    if not skeel:
+        return nn @ (w + (0.0 if wa is None else wa @ ax)), None
+    dx = n @ (w - (0.0 if wa is None else wa @ x))
+    return nn @ (aa @ np.abs(dx) + (0.0 if wa is None else wa @ dx_x)), None
+
+
+def fan_in(op: str, terms: Callable[[list[np.ndarray], dict, str], int],
+           gather: Callable[[Grads], Grads]) -> Callable[..., Mags]:
+    """The magnitude of an op each of whose differentiable input elements feeds exactly one
+    output element (det, log_det: one matrix to one scalar): the VJP at a unit cotangent is then
+    each element's partial p, |VJP(x, |u|)| is exactly |J|ᵀ|u| (one product per result) and
+    ``gather``(|p| |v|), the sums over the elements feeding each output, exactly |J||v|.
+    ``terms(inputs, attrs, kind)``: the products a result sums and the roundings of its partial."""
+    def magnitude(inputs: list[np.ndarray], attrs: dict, kind: str, seeds: Grads) -> Mags:
+        if kind == "vjp":
+            return _abs(_rule_call(op, "vjp", inputs, attrs, _abs(seeds))), int(terms(inputs, attrs, kind))
+        outs = _rule_call(op, "jvp", inputs, attrs, seeds)
+        parts = _rule_call(op, "vjp", inputs, attrs, _ones_like(outs))
+        return gather([None if v is None else np.abs(v) * np.abs(p) for v, p in zip(seeds, parts)]), \
+            int(terms(inputs, attrs, kind))
+
+    return magnitude

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import selection_radius
+from rlx_conformance.backends.cpu._grad import multilinear, selection, selection_radius
 from rlx_conformance.judge.bounds.conv import (
     conv_as_matmul,
     conv_params,
@@ -206,3 +206,17 @@ def pool_jvp(inputs, attrs, tans):
     cols, _, nd = _pool_windows(x, attrs, -np.inf)
     tcols, _, _ = _pool_windows(tans[0], attrs, 0.0)
     return [np.sum(_first_max(cols, nd) * tcols, axis=tuple(range(-nd, 0)))]
+
+
+# Magnitudes: conv and conv_transpose2d are bilinear in (x, w) plus the bias (_grad.multilinear);
+# average pooling is linear with coefficients 1/count, max pooling selects one tap per window
+# (_grad.selection; the rule on ones counts the windows an element wins).
+for _op in ("conv", "conv_transpose2d"):
+    BACKEND.magnitude(_op)(multilinear(_op))
+_pool_avg = multilinear("pool", lambda xs, attrs, kind: math.prod(pool_params("pool", xs[0].shape, attrs)[1]))
+_pool_max = selection("pool")
+
+
+@BACKEND.magnitude("pool")
+def pool_magnitude(inputs, attrs, kind, seeds):
+    return (_pool_max if attrs["kind"] == "max" else _pool_avg)(inputs, attrs, kind, seeds)

@@ -9,10 +9,20 @@ float64 and round once.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import exclusive_products, selection_radius
+from rlx_conformance.backends.cpu._grad import (
+    SAVED_TERMS,
+    add_grads,
+    exclusive_products,
+    multilinear,
+    selection,
+    selection_radius,
+    solve_magnitude,
+)
 from rlx_conformance.judge.custom_checks import scatter_targets
 from rlx_conformance.spec import csr
 
@@ -133,6 +143,8 @@ def _gather_rules(op: str, gather) -> None:
 
 _gather_rules("onnx.GatherElements", gather_elements)
 _gather_rules("onnx.GatherND", gather_nd)
+for _op in ("onnx.GatherElements", "onnx.GatherND"):  # linear in data, coefficients 0 or 1
+    BACKEND.magnitude(_op)(multilinear(_op))
 
 
 def _segments(t: np.ndarray) -> list[np.ndarray]:
@@ -208,14 +220,45 @@ def _scatter_rules(op: str) -> None:
             rd[p], rw[seg] = r[0], r[1:]
         return [rd.reshape(inputs[0].shape), None, rw.reshape(inputs[2].shape)]
 
+    def _undefined(inputs, attrs, kind):
+        """Reduction none with duplicate targets: the forward's undefined cells (OpSpec.undefined,
+        scatter_undefined) make undefined the updates that write them (which one wins is
+        unspecified, so which gets the cotangent is too), the data elements under them and, for
+        a JVP, the output cells themselves."""
+        data, _, updates = inputs
+        if attrs["reduction"] != "none":
+            return [None] if kind == "jvp" else [None, None, None]
+        t = scatter_targets(op, data, inputs[1], updates, attrs)
+        dup = np.bincount(t, minlength=data.size) > 1
+        if kind == "jvp":
+            return [dup.reshape(data.shape)]
+        return [dup.reshape(data.shape), None, dup[t].reshape(updates.shape)]
+
     vjp(op, convention="indices have no derivative; reduction none: duplicate targets are "
         "undefined (masked), so are their derivatives; max/min: ties share the cotangent equally "
         "(as reduce_max)", radius=_radius)(_vjp)
     jvp(op)(_jvp)
+    BACKEND.undefined_derivative(op)(_undefined)
 
 
 _scatter_rules("onnx.ScatterElements")
 _scatter_rules("onnx.ScatterND")
+
+
+def _scatter_magnitude(op: str) -> None:
+    """none/add: coefficients 0 or 1; mul: products of data and updates (_grad.multilinear);
+    max/min select with tie shares (_grad.selection), a cell among its data and every update."""
+    lin = multilinear(op)
+    sel = selection(op, lambda xs, attrs, kind: xs[2].size + 1)
+
+    def magnitude(inputs, attrs, kind, seeds):
+        return (sel if attrs["reduction"] in ("max", "min") else lin)(inputs, attrs, kind, seeds)
+
+    BACKEND.magnitude(op)(magnitude)
+
+
+_scatter_magnitude("onnx.ScatterElements")
+_scatter_magnitude("onnx.ScatterND")
 
 
 @vjp("rlx_sparse.mat_vec", convention="the CSR structure (col_idx, row_ptr) has no derivative")
@@ -251,30 +294,90 @@ def values_grad_jvp(inputs, attrs, tans):
     return [tans[2][rows] * v[cols] + u[rows] * tans[3][cols]]
 
 
+for _op in ("rlx_sparse.mat_vec", "rlx_sparse.values_grad"):  # bilinear (_grad.multilinear)
+    BACKEND.magnitude(_op)(multilinear(_op))
+
+
 def _sparse_dense(values, col_idx, row_ptr, n) -> np.ndarray:
     return _a(values, col_idx, row_ptr, n).toarray()
 
 
-@vjp("rlx_sparse.lu_solve", convention="the CSR structure has no derivative; a singular A has none",
-     radius=lambda xs, attrs: [_sparse_radius(*xs[:3], xs[3].size), None, None, None],
-     condition=lambda xs, attrs: float(np.linalg.cond(_sparse_dense(*xs[:3], xs[3].size)))
-     if xs[3].size else 1.0)
-def lu_solve_vjp(inputs, attrs, cots):
-    """x = A⁻¹ b: gb = A⁻ᵀ u (a transposed solve), d/d values_k = -gb[row k] x[col k]."""
-    values, col_idx, row_ptr, b = inputs
-    a = _a(values, col_idx, row_ptr, b.size)
-    x = csr.lu_solve(a, b, "rlx_sparse.lu_solve")
-    gb = csr.lu_solve(a.T.tocsr(), cots[0], "rlx_sparse.lu_solve")
-    return [-gb[csr.row_ids(row_ptr)] * x[col_idx.astype(np.int64)], None, None, gb]
+def _solve_rules(op: str, convention: str) -> None:
+    """x = A⁻¹ b by implicit differentiation (A x = b): gb = A⁻ᵀ u (a transposed solve),
+    d/d values_k = -gb[row k] x[col k] (only A's stored entries: the CSR structure is fixed);
+    dx = A⁻¹ (db - dA x), dA the tangent's values on A's structure. Every solve is sparse LU in
+    float64 (csr.lu_solve), whatever algorithm the op's forward runs."""
+    def _system(inputs):
+        values, col_idx, row_ptr, b = inputs
+        a = _a(values, col_idx, row_ptr, b.size)
+        return a, csr.lu_solve(a, b, op)
+
+    def _vjp(inputs, attrs, cots):
+        _, col_idx, row_ptr, _ = inputs
+        a, x = _system(inputs)
+        gb = csr.lu_solve(a.T.tocsr(), cots[0], op)
+        return [-gb[csr.row_ids(row_ptr)] * x[col_idx.astype(np.int64)], None, None, gb]
+
+    def _jvp(inputs, attrs, tans):
+        _, col_idx, row_ptr, b = inputs
+        a, x = _system(inputs)
+        return [csr.lu_solve(a, tans[3] - _a(tans[0], col_idx, row_ptr, b.size) @ x, op)]
+
+    vjp(op, convention=convention,
+        radius=lambda xs, attrs: [_sparse_radius(*xs[:3], xs[3].size), None, None, None],
+        condition=lambda xs, attrs: float(np.linalg.cond(_sparse_dense(*xs[:3], xs[3].size)))
+        if xs[3].size else 1.0)(_vjp)
+    jvp(op)(_jvp)
 
 
-@jvp("rlx_sparse.lu_solve")
-def lu_solve_jvp(inputs, attrs, tans):
-    """dx = A⁻¹ (db - dA x), dA the tangent's values on A's structure."""
+_solve_rules("rlx_sparse.lu_solve", "the CSR structure has no derivative; a singular A has none")
+_solve_rules("rlx_sparse.cg_solve", "the derivative of the solution x* = A⁻¹ b that CG approximates "
+             "(implicit differentiation, A symmetric so Aᵀ = A), not of the CG iterate's "
+             "arithmetic; where CG does not converge within max_iter the output is an iterate, "
+             "not x*, and the derivative is undefined (masked); the CSR structure has no derivative")
+
+
+def _sparse_solve_parts(inputs, attrs, kind, seeds, skeel):
+    """_grad.solve_magnitude on A as a dense matrix (the case sizes are small), A's part read at
+    the stored entries. For cg_solve it is the magnitude of the solution's derivative, which is
+    what the rules differentiate; CG's own stopping error is not a rounding and is not in it."""
     values, col_idx, row_ptr, b = inputs
-    a = _a(values, col_idx, row_ptr, b.size)
-    x = csr.lu_solve(a, b, "rlx_sparse.lu_solve")
-    return [csr.lu_solve(a, tans[3] - _a(tans[0], col_idx, row_ptr, b.size) @ x, "rlx_sparse.lu_solve")]
+    a = _sparse_dense(values, col_idx, row_ptr, b.size)
+    rows, cols = csr.row_ids(row_ptr), col_idx.astype(np.int64)
+    if not b.size:
+        return [np.zeros(values.shape), None, None, np.zeros(b.shape)] if kind == "vjp" else [np.zeros(b.shape)]
+    x = np.linalg.solve(a, b)[:, None]
+    if kind == "vjp":
+        mb, ma = solve_magnitude(a, x, kind, np.abs(seeds[0])[:, None], skeel=skeel)
+        return [ma[rows, cols], None, None, mb[:, 0]]
+    wa = np.abs(_sparse_dense(seeds[0], col_idx, row_ptr, b.size))
+    return [solve_magnitude(a, x, kind, np.abs(seeds[3])[:, None], wa, skeel)[0][:, 0]]
+
+
+def _sparse_solve_magnitude(inputs, attrs, kind, seeds):
+    """The |J|-product plus the solves' rounding (SAVED_TERMS), as dense_solve's."""
+    n = inputs[3].size
+    mags = add_grads(_sparse_solve_parts(inputs, attrs, kind, seeds, False),
+                     _sparse_solve_parts(inputs, attrs, kind, seeds, True))
+    return mags, n * (n + 2)
+
+
+for _op in ("rlx_sparse.lu_solve", "rlx_sparse.cg_solve"):
+    BACKEND.magnitude(_op)(_sparse_solve_magnitude)
+    SAVED_TERMS[_op] = functools.partial(_sparse_solve_parts, skeel=True)
+
+
+@BACKEND.undefined_derivative("rlx_sparse.cg_solve")
+def cg_solve_undefined(inputs, attrs, kind):
+    """Everything, where the float64 reference CG (csr.cg, the forward's own run) does not
+    converge: the convention above defines the derivative of x* only."""
+    values, col_idx, row_ptr, b = inputs
+    _, _, converged = csr.cg(_a(values, col_idx, row_ptr, b.size), b, attrs["max_iter"], attrs["tol"])
+    if converged:
+        return [None] * (1 if kind == "jvp" else 4)
+    if kind == "jvp":
+        return [np.ones(b.shape, bool)]
+    return [np.ones(values.shape, bool), None, None, np.ones(b.shape, bool)]
 
 
 def _sparse_radius(values, col_idx, row_ptr, n) -> np.ndarray:

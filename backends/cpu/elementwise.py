@@ -15,7 +15,13 @@ import numpy as np
 import scipy.special as sp
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import unary_rule, unbroadcast, unbroadcast_min
+from rlx_conformance.backends.cpu._grad import (
+    diagonal,
+    unary_rule,
+    unary_second_rule,
+    unbroadcast,
+    unbroadcast_min,
+)
 from rlx_conformance.core import dtypes as dt
 
 kernel = BACKEND.kernel
@@ -280,6 +286,139 @@ for _name, (_d, _conv, _rad) in _GRAD_RULES.items():
     unary_rule(_name, _d, _conv, _rad)
 
 
+# -- second order (OpSpec.second_order): f''(x) and its ``extra`` (_grad.unary_second_rule), with
+# the forms mlx.nn builds these ops from (docs: mx.sigmoid / mx.tanh VJPs reuse their output y;
+# silu = x sigmoid(x), gelu = x (1 + erf(x / sqrt 2)) / 2, gelu_approx = x (1 + tanh z) / 2,
+# mish = x tanh(softplus x), softsign = x / (1 + |x|)). At the C1 kinks, where f'' jumps, the
+# reference takes, as for f', the piece that where(x > 0, ...) and the clamp's inner branch give:
+# elu''(0) = 1 (the e^x piece), softsign''(0) = 0 (sign(0) = 0), hard_swish''(+-3) = 1/3.
+def _sig_pair(x):
+    return _sigmoid(x), _sigmoid(-x)
+
+
+def _silu_dd(x):
+    s, sb = _sig_pair(x)
+    return s * sb * (2 + x * (sb - s))
+
+
+def _silu_extra(x):
+    """Saved s: |d/ds (s - s^2)(2 + x - 2xs)| s; and the product rule's terms 2 s' + |x s''|."""
+    s, sb = _sig_pair(x)
+    ds = (sb - s) * (2 + x * (sb - s)) - 2 * x * s * sb
+    return np.abs(ds) * s + s * sb * (2 + np.abs(x) * np.abs(sb - s))
+
+
+def _mish_parts(x):
+    sp_ = np.logaddexp(0.0, x)
+    s, sb = _sig_pair(x)
+    return sp_, np.tanh(sp_), _sech2(sp_), s, sb
+
+
+def _mish_dd(x):
+    """d/dx [tanh(sp) + x S s] with S = sech^2(sp), sp' = s: S s (2 - 2 x t s + x (1 - s))."""
+    _, t, S, s, sb = _mish_parts(x)
+    return S * s * (2 - 2 * x * t * s + x * sb)
+
+
+def _mish_extra(x):
+    """Saved t = tanh(sp) (its error: u |t| and S sp u from sp's rounding) and s = sigmoid(x),
+    each |d f''/d .| times it; plus the absolute terms S s (2 + 2 |x t s| + |x| (1 - s))."""
+    sp_, t, S, s, sb = _mish_parts(x)
+    dt_ = -4 * t * s - 2 * x * (1 - 3 * t * t) * s * s - 2 * x * t * s * sb
+    ds = 2 * S - 4 * x * t * S * s + x * S * (sb - s)
+    return (np.abs(dt_) * (np.abs(t) + S * sp_) + np.abs(ds) * s
+            + S * s * (2 + 2 * np.abs(x * t * s) + np.abs(x) * sb))
+
+
+def _gelu_approx_parts(x):
+    z = _C1[0] * (x + _C2[0] * x ** 3)
+    z1 = _C1[0] * (1 + 3 * _C2[0] * x * x)
+    z2 = 6 * _C1[0] * _C2[0] * x
+    return z, z1, z2, np.tanh(z), _sech2(z)
+
+
+def _gelu_approx_dd(x):
+    """d/dx [(1 + t)/2 + x S z'/2] with t = tanh z, S = 1 - t^2: S (z' - x t z'^2 + x z''/2)."""
+    _, z1, z2, t, S = _gelu_approx_parts(x)
+    return S * (z1 - x * t * z1 * z1 + 0.5 * x * z2)
+
+
+def _gelu_approx_extra(x):
+    """Saved t (its error: u |t| and S |z| u from z's roundings): |d f''/dt| times that, with
+    d/dt (1 - t^2) = -2t; plus the absolute terms S (z' + |x t| z'^2 + |x z''| / 2)."""
+    z, z1, z2, t, S = _gelu_approx_parts(x)
+    dt_ = -2 * t * z1 + 0.5 * x * ((6 * t * t - 2) * z1 * z1 - 2 * t * z2)
+    return np.abs(dt_) * (np.abs(t) + S * np.abs(z)) + S * (z1 + np.abs(x * t) * z1 * z1 + 0.5 * np.abs(x * z2))
+
+
+def _softsign_extra(x):
+    """The quotient rule's two terms, 2 / (1 + |x|)^2 and 2 |x| / (1 + |x|)^3, cancel to f''."""
+    a = 1 + np.abs(x)
+    return 2 / a ** 2 + 2 * np.abs(x) / a ** 3
+
+
+_SECOND_RULES = {
+    # f''(x), extra(x) (None: f'' a product of powers of rounded values)
+    "gelu": (lambda x: _phi(x) * (2 - x * x),
+             # the rounded x / sqrt 2 and its square: e^(-x^2/2) off by x^2 u, both terms
+             lambda x: _phi(x) * (2 + x * x) * (1 + x * x)),
+    "gelu_approx": (_gelu_approx_dd, _gelu_approx_extra),
+    "silu": (_silu_dd, _silu_extra),
+    # saved s: f'' = s - 3 s^2 + 2 s^3, d/ds = 1 - 6 s + 6 s^2
+    "sigmoid": (lambda x: np.prod(_sig_pair(x), axis=0) * (_sigmoid(-x) - _sigmoid(x)),
+                lambda x: np.abs(1 - 6 * _sigmoid(x) * _sigmoid(-x)) * _sigmoid(x)),
+    # saved t: f'' = -2 t + 2 t^3, d/dt = 6 t^2 - 2
+    "tanh": (lambda x: -2 * np.tanh(x) * _sech2(x),
+             lambda x: np.abs(6 * np.tanh(x) ** 2 - 2) * np.abs(np.tanh(x))),
+    "exp": (np.exp, None),
+    "log": (lambda x: -1 / (x * x), None),
+    "sqrt": (lambda x: -0.25 / (x * np.sqrt(x)), None),
+    "rsqrt": (lambda x: 0.75 / (x * x * np.sqrt(x)), None),
+    # saved s = sigmoid(x) (sigmoid(-x) for log_sigmoid = -softplus(-x)): f'' = +-(s - s^2)
+    "softplus": (lambda x: np.prod(_sig_pair(x), axis=0),
+                 lambda x: np.abs(_sigmoid(-x) - _sigmoid(x)) * _sigmoid(x)),
+    "log_sigmoid": (lambda x: -np.prod(_sig_pair(x), axis=0),
+                    lambda x: np.abs(_sigmoid(-x) - _sigmoid(x)) * _sigmoid(-x)),
+    "elu": (lambda x: np.where(x > 0, 0.0, np.exp(np.minimum(x, 0.0))), None),
+    # the rounded x^2 in e^(-x^2): off by x^2 u; autodiff's -2x e^(-x^2) from the same
+    "erf": (lambda x: -2 * _TWO_OVER_SQRTPI * x * np.exp(-x * x),
+            lambda x: 2 * x * x * _TWO_OVER_SQRTPI * 2 * np.abs(x) * np.exp(-x * x)),
+    "mish": (_mish_dd, _mish_extra),
+    "softsign": (lambda x: -2 * np.sign(x) / (1 + np.abs(x)) ** 3, _softsign_extra),
+    "hard_swish": (lambda x: np.where((x >= -3) & (x <= 3), 1 / 3, 0.0), None),
+}
+for _name, (_dd, _extra) in _SECOND_RULES.items():
+    unary_second_rule(_name, _dd, _extra)
+
+
+# Magnitudes (DerivativeRule.magnitude): elementwise, so |f'(x)| |seed| exactly (_grad.diagonal),
+# plus, where MLX computes f' from a rounded saved tanh or sigmoid value y, the sensitivity to
+# that rounding |df'/dy| |y| (_grad.diagonal's ``saved``): mx.tanh's VJP is 1 - y^2 and
+# mx.sigmoid's y (1 - y), and mlx.nn builds silu (x sigmoid(x)), gelu_approx (x (1 + tanh)/2)
+# and mish (x tanh(softplus(x))) from them, so near saturation f' cancels while the error of y
+# does not. exp, sqrt and rsqrt also reuse y, but there f' is proportional to y: one relative
+# rounding, counted in cases/derivatives.toml.
+def _sig_saved(s):
+    return np.abs(1 - 2 * s) * s
+
+
+def _gelu_approx_saved(x):
+    t = np.tanh(_C1[0] * (x + _C2[0] * x ** 3))
+    return 0.5 * np.abs(t) + np.abs(x) * t * t * _C1[0] * (1 + 3 * _C2[0] * x * x)
+
+
+_SAVED = {
+    "tanh": lambda x: 2 * np.tanh(x) ** 2,
+    "sigmoid": lambda x: _sig_saved(_sigmoid(x)),
+    "silu": lambda x: np.abs(x) * _sig_saved(_sigmoid(x)),
+    "gelu_approx": _gelu_approx_saved,
+    "mish": lambda x: 2 * np.abs(x) * np.tanh(np.logaddexp(0.0, x)) ** 2 * _sigmoid(x),
+}
+for _name in _GRAD_RULES:
+    _fn = _SAVED.get(_name)
+    BACKEND.magnitude(_name)(diagonal(_name, None if _fn is None else (lambda xs, attrs, f=_fn: [f(xs[0])])))
+
+
 # -- binary --------------------------------------------------------------------------------------
 def _arith(float_fn, int_fn):
     def run(a, b):
@@ -388,6 +527,9 @@ _binary_rule("atan2", _atan2_partials,
              "singular at a = b = 0; a branch cut along b < 0 (a jump of 2 pi)",
              lambda a, b: np.where(b < 0, np.abs(a), np.hypot(a, b)) / 2)
 
+for _name in ("add", "sub", "mul", "div", "max", "min", "pow", "mod", "atan2"):
+    BACKEND.magnitude(_name)(diagonal(_name))  # elementwise: exact (the partials at each point)
+
 kernel("bit_and")(np.bitwise_and)
 kernel("bit_or")(np.bitwise_or)
 kernel("bit_xor")(np.bitwise_xor)
@@ -426,6 +568,9 @@ def where_vjp(inputs, attrs, cots):
 @jvp("where")
 def where_jvp(inputs, attrs, tans):
     return [np.where(inputs[0], tans[1], tans[2])]
+
+
+BACKEND.magnitude("where")(diagonal("where"))
 
 
 # -- fma: exact ----------------------------------------------------------------------------------
@@ -486,6 +631,9 @@ def fma_jvp(inputs, attrs, tans):
     return [ta * b + a * tb + tc]
 
 
+BACKEND.magnitude("fma")(diagonal("fma"))
+
+
 @kernel("clamp")
 def clamp(x, *, min, max):
 
@@ -509,6 +657,9 @@ def clamp_vjp(inputs, attrs, cots):
 @jvp("clamp")
 def clamp_jvp(inputs, attrs, tans):
     return [tans[0] * _clamp_d(inputs[0], attrs["min"], attrs["max"])]
+
+
+BACKEND.magnitude("clamp")(diagonal("clamp"))
 
 
 @kernel("cast")

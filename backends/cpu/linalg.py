@@ -4,6 +4,7 @@ allowed to a float64 backend. Determinants are products of LU pivots kept as man
 pairs, so no intermediate over- or underflows."""
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -11,7 +12,14 @@ import numpy as np
 import scipy.linalg
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import unbroadcast
+from rlx_conformance.backends.cpu._grad import (
+    SAVED_TERMS,
+    add_grads,
+    fan_in,
+    multilinear,
+    solve_magnitude,
+    unbroadcast,
+)
 from rlx_conformance.judge.bounds.linalg import dot_general_canonical, dot_general_dims
 
 kernel = BACKEND.kernel
@@ -257,6 +265,10 @@ def dot_general_jvp(inputs, attrs, tans):
     return [np.einsum(f"{sl},{sr}->{so}", tans[0], b) + np.einsum(f"{sl},{sr}->{so}", a, tans[1])]
 
 
+for _op in ("mat_mul", "dot_general"):  # bilinear: the rules at |a|, |b|, |seed| (_grad.multilinear)
+    BACKEND.magnitude(_op)(multilinear(_op))
+
+
 def _as_columns(b: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, bool]:
     vec = b.ndim == a.ndim - 1
     return (b[..., None] if vec else b), vec
@@ -291,6 +303,36 @@ for _op in ("dense_solve", "batched_dense_solve"):
         radius=lambda xs, attrs: [_sigma_min_radius(xs[0]), None],
         condition=lambda xs, attrs: _condition(xs[0]))(_solve_vjp)
     jvp(_op)(_solve_jvp)
+
+
+def _dense_solve_parts(inputs, attrs, kind, seeds, skeel):
+    a, b = inputs
+    if not a.size or not b.size:
+        return [np.zeros(a.shape), np.zeros(b.shape)] if kind == "vjp" else [np.zeros(b.shape)]
+    b2, vec = _as_columns(b, a)
+    x = np.linalg.solve(a, b2)
+    if kind == "vjp":
+        mb, ma = solve_magnitude(a, x, kind, np.abs(_as_columns(seeds[0], a)[0]), skeel=skeel)
+        return [ma, mb[..., 0] if vec else mb]
+    mx_, _ = solve_magnitude(a, x, kind, np.abs(_as_columns(seeds[1], a)[0]), np.abs(seeds[0]), skeel)
+    return [mx_[..., 0] if vec else mx_]
+
+
+def _dense_solve_magnitude(inputs, attrs, kind, seeds):
+    """solve_magnitude's |J|-product plus its solve-rounding part (SAVED_TERMS); terms: a
+    result sums n products per solve and, through A's cotangent, n per right-hand side column
+    (vjp), the n^2 + n entries of A and one column of B (jvp)."""
+    a, b = inputs
+    n = a.shape[-1]
+    k = 1 if b.ndim == a.ndim - 1 else b.shape[-1]
+    mags = add_grads(_dense_solve_parts(inputs, attrs, kind, seeds, False),
+                     _dense_solve_parts(inputs, attrs, kind, seeds, True))
+    return mags, n * (k + 2) if kind == "vjp" else n * (n + 2)
+
+
+for _op in ("dense_solve", "batched_dense_solve"):
+    BACKEND.magnitude(_op)(_dense_solve_magnitude)
+    SAVED_TERMS[_op] = functools.partial(_dense_solve_parts, skeel=True)
 
 
 def _phi(x: np.ndarray) -> np.ndarray:
@@ -405,6 +447,39 @@ def triangular_solve_jvp(inputs, attrs, tans):
     return [dx[..., 0] if vec else dx]
 
 
+def _triangular_solve_parts(inputs, attrs, kind, seeds, skeel):
+    """solve_magnitude with op(T) (T: A's selected triangle) as the matrix."""
+    a, b = inputs
+    lower, trans = attrs["lower"], attrs["transpose"]
+    if not a.size or not b.size:
+        return [np.zeros(a.shape), np.zeros(b.shape)] if kind == "vjp" else [np.zeros(b.shape)]
+    t = _triangle(a, lower)
+    m = _T(t) if trans else t
+    b2, vec = _as_columns(b, a)
+    x = _tri_inv_solve(t, b2, lower, trans)
+    if kind == "vjp":
+        mb, ma = solve_magnitude(m, x, kind, np.abs(_as_columns(seeds[0], a)[0]), skeel=skeel)
+        ma = unbroadcast(_triangle(_T(ma) if trans else ma, lower), a.shape)
+        return [ma, unbroadcast(mb[..., 0] if vec else mb, b.shape)]
+    wa = np.abs(_triangle(seeds[0], lower))
+    mx_, _ = solve_magnitude(m, x, kind, np.abs(_as_columns(seeds[1], a)[0]), _T(wa) if trans else wa, skeel)
+    return [mx_[..., 0] if vec else mx_]
+
+
+@BACKEND.magnitude("triangular_solve")
+def triangular_solve_magnitude(inputs, attrs, kind, seeds):
+    """As dense_solve's: the |J|-product plus the solves' rounding (SAVED_TERMS)."""
+    a, b = inputs
+    n = a.shape[-1]
+    k = 1 if b.ndim == a.ndim - 1 else b.shape[-1]
+    mags = add_grads(_triangular_solve_parts(inputs, attrs, kind, seeds, False),
+                     _triangular_solve_parts(inputs, attrs, kind, seeds, True))
+    return mags, n * (k + 2) if kind == "vjp" else n * (n + 2)
+
+
+SAVED_TERMS["triangular_solve"] = functools.partial(_triangular_solve_parts, skeel=True)
+
+
 def _diag_radius(a: np.ndarray) -> np.ndarray:
     """A triangular solve is rational in T with poles only where a diagonal entry is 0."""
     n = a.shape[-1]
@@ -480,6 +555,15 @@ def log_det_jvp(inputs, attrs, tans):
         except np.linalg.LinAlgError:
             pass
     return [out]
+
+
+# det and log_det map each matrix to one scalar (_grad.fan_in): a VJP result is one product of
+# the partial (the adjugate, A⁻ᵀ: n roundings of the LU it comes from), a JVP sums n^2.
+for _op in ("det", "log_det"):
+    BACKEND.magnitude(_op)(fan_in(_op, lambda xs, attrs, kind: (xs[0].shape[-1] if kind == "vjp"
+                                                                else xs[0].shape[-1] ** 2 + xs[0].shape[-1])
+                                  if xs[0].ndim >= 2 else 1,
+                                  lambda ms: [np.sum(ms[0], axis=(-2, -1))]))
 
 
 def _svd_parts(a: np.ndarray):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import softmax_centered, unbroadcast
+from rlx_conformance.backends.cpu._grad import SAVED_TERMS, softmax_centered, unbroadcast
 from rlx_conformance.judge.bounds.nn import allowed_keys, attention_dims, rope_pairs
 
 kernel = BACKEND.kernel
@@ -161,6 +161,51 @@ def _trailing_rules(op: str, rms: bool) -> None:
     vjp(op, condition=_condition)(_vjp)
     jvp(op)(_jvp)
 
+    @BACKEND.magnitude(op)
+    def _magnitude(inputs, attrs, kind, seeds):
+        """_normalize_magnitude for x (times |gamma|), |xhat| |u| and |u| summed over the rows
+        for gamma and beta; a result sums the n normalized elements (and three more terms)."""
+        x, gamma, _ = inputs
+        axes = axes_of(x, attrs) if x.ndim else ()
+        n = int(np.prod([x.shape[a] for a in axes])) if x.ndim else 1
+        if not x.size:
+            return ([np.zeros(x.shape), np.zeros(gamma.shape), np.zeros(gamma.shape)]
+                    if kind == "vjp" else [np.zeros(x.shape)]), 1
+        xhat, _ = _stats(x, axes, attrs["eps"], rms)
+        ag, ah = np.abs(gamma), np.abs(xhat) + _xhat_error(x, axes, attrs["eps"], rms)
+        n = max(n + 3, x.size // max(gamma.size, 1))  # gamma's and beta's sums over the rows
+        if kind == "vjp":
+            u = np.abs(seeds[0])
+            lead = tuple(range(x.ndim - gamma.ndim))
+            return [_normalize_magnitude(x, axes, attrs["eps"], rms, u * ag),
+                    np.sum(u * ah, axis=lead), np.sum(u, axis=lead)], n + 3
+        tx, tg, tb = (np.abs(t) for t in seeds)
+        return [_normalize_magnitude(x, axes, attrs["eps"], rms, tx) * ag + ah * tg + tb], n + 3
+
+
+def _xhat_error(x, axes, eps, rms):
+    """The scale of the rounding error of the normalized values every implementation saves and
+    differentiates from: x - mean carries u (|x| + |mean|) (the centering's condition, large
+    for values of small spread), so xhat carries u (|x| + |mean|) / r; rms: one relative
+    rounding, u |xhat|."""
+    xhat, r = _stats(x, axes, eps, rms)
+    if rms:
+        return np.abs(xhat)
+    return (np.abs(x) + np.abs(np.mean(x, axis=axes, keepdims=True))) / r
+
+
+def _normalize_magnitude(x, axes, eps, rms, w):
+    """The magnitude of the terms of J w for J of xhat = (x - mean) / r, symmetric ((I - 11ᵀ/n -
+    xhat xhatᵀ/n) / r; rms: no 11ᵀ/n): (w + mean(w) + |xhat| mean(|xhat| w)) / r >= |J| w. It
+    is the rounding scale of every implementation (MLX, PyTorch, JAX all form g - mean(g) -
+    xhat mean(g xhat)), so it is kept where those terms cancel (a row of one element, values of
+    small spread), where it exceeds |J| w by far: the cancellation is the error. |xhat| is
+    taken with its own rounding error added (_xhat_error)."""
+    xhat, r = _stats(x, axes, eps, rms)
+    ah = np.abs(xhat) + _xhat_error(x, axes, eps, rms)
+    s = w + ah * np.mean(ah * w, axis=axes, keepdims=True)
+    return (s if rms else s + np.mean(w, axis=axes, keepdims=True)) / r
+
 
 def _centering_condition(x: np.ndarray, axes: tuple[int, ...], eps: float) -> float:
     """max |x| / sqrt(var + eps) over the normalized groups: x - mean carries eps max|x| absolute
@@ -206,6 +251,28 @@ def group_norm_jvp(inputs, attrs, tans):
     return [dxhat * _per_channel(gamma, x.ndim) + xhat * _per_channel(tg, x.ndim) + _per_channel(tb, x.ndim)]
 
 
+@BACKEND.magnitude("group_norm")
+def group_norm_magnitude(inputs, attrs, kind, seeds):
+    """As layer_norm's (_normalize_magnitude) over each group, gamma and beta per channel."""
+    x, gamma, _ = inputs
+    if not x.size:
+        return ([np.zeros(x.shape), np.zeros(gamma.shape), np.zeros(gamma.shape)]
+                if kind == "vjp" else [np.zeros(x.shape)]), 1
+    n, g = x.shape[0], attrs["num_groups"]
+    xg = x.reshape(n, g, -1)
+    ah = (np.abs(_stats(xg, (2,), attrs["eps"], False)[0]) + _xhat_error(xg, (2,), attrs["eps"], False)).reshape(x.shape)
+    ag = np.abs(_per_channel(gamma, x.ndim))
+    terms = max(xg.shape[2] + 3, x.size // max(gamma.size, 1))
+    if kind == "vjp":
+        u = np.abs(seeds[0])
+        other = (0,) + tuple(range(2, x.ndim))
+        mx = _normalize_magnitude(xg, (2,), attrs["eps"], False, (u * ag).reshape(n, g, -1))
+        return [mx.reshape(x.shape), np.sum(u * ah, axis=other), np.sum(u, axis=other)], terms
+    tx, tg, tb = (np.abs(t) for t in seeds)
+    mx = _normalize_magnitude(xg, (2,), attrs["eps"], False, tx.reshape(n, g, -1)).reshape(x.shape)
+    return [mx * ag + ah * _per_channel(tg, x.ndim) + _per_channel(tb, x.ndim)], terms
+
+
 @vjp("batch_norm_inference", convention="var + eps <= 0 has no derivative (a pole at var = -eps)",
      radius=lambda xs, attrs: [None, None, None, None, np.abs(xs[4] + attrs["eps"])])
 def batch_norm_vjp(inputs, attrs, cots):
@@ -226,6 +293,178 @@ def batch_norm_jvp(inputs, attrs, tans):
     s = 1 / np.sqrt(var + attrs["eps"])
     ds = -0.5 * tv * s / (var + attrs["eps"])
     return [(tx - tm) * s * gamma + (x - mean) * (ds * gamma + s * tg) + tb]
+
+
+@BACKEND.magnitude("batch_norm_inference")
+def batch_norm_magnitude(inputs, attrs, kind, seeds):
+    """Elementwise per feature: the rules at x - mean -> |x - mean| (mean 0), gamma -> |gamma|
+    and seeds -> |seed| with the mean's and variance's tangents negated make every term
+    nonnegative, so they give |J|-product exactly; a VJP result of a parameter sums the rows."""
+    x, gamma, beta, mean, var = inputs
+    at = [np.abs(x - mean), np.abs(gamma), beta, np.zeros(mean.shape), var]
+    if kind == "vjp":
+        rows = max(x.size // max(x.shape[-1], 1), 1) if x.ndim else 1
+        return [np.abs(g) for g in batch_norm_vjp(at, attrs, [np.abs(seeds[0])])], rows
+    tx, tg, tb, tm, tv = (np.abs(t) for t in seeds)
+    return [np.abs(batch_norm_jvp(at, attrs, [tx, tg, tb, -tm, -tv])[0])], 5
+
+
+# -- second order (OpSpec.second_order) ------------------------------------------------------------
+def _normalize_hvp(x, axes, eps, rms, g, t):
+    """(d/de N(x + e t)ᵀ g, N(x) t) for xhat = N(x) and a fixed g: with b = mean(g xhat) and the
+    JVP's dr = mean(xhat dd), dxhat = (dd - xhat dr) / r (dd = t - mean t; rms: t), the VJP
+    (g - mean g - xhat b) / r moves by -(dxhat b + xhat mean(g dxhat)) / r - VJP dr / r."""
+    xhat, r = _stats(x, axes, eps, rms)
+    dxhat = _normalize_jvp(x, axes, eps, rms, t)
+    dr = np.mean(xhat * (t if rms else t - np.mean(t, axis=axes, keepdims=True)), axis=axes, keepdims=True)
+    b = np.mean(g * xhat, axis=axes, keepdims=True)
+    db = np.mean(g * dxhat, axis=axes, keepdims=True)
+    return -(dxhat * b + xhat * db) / r - _normalize_vjp(x, axes, eps, rms, g) * dr / r, dxhat
+
+
+def _normalize_hvp_abs(x, axes, eps, rms, g, t):
+    """_normalize_hvp's terms in absolute value (g, t: |g|, |t|), and |N(x) t|'s and the VJP's,
+    with |xhat| raised by kappa / (n + 2) per group (kappa = max|x| / r, _centering_condition:
+    x - mean carries kappa u absolute error in xhat; rms: 0), so the caller's
+    gamma_(3 (n + 2) + 4) covers it with the sums' n roundings (terms: cubic in xhat)."""
+    n = math.prod(x.shape[a] for a in axes)
+    xhat, r = _stats(x, axes, eps, rms)
+    kappa = 0.0 if rms else np.max(np.abs(x), axis=axes, keepdims=True) / r
+    xa = np.abs(xhat) + kappa / (n + 2)
+
+    def mean(a):
+        return np.mean(a, axis=axes, keepdims=True)
+
+    dd = t if rms else t + mean(t)
+    dr = mean(xa * dd)
+    dxhat = (dd + xa * dr) / r
+    vjp = (g + (0.0 if rms else mean(g)) + xa * mean(g * xa)) / r
+    return (dxhat * mean(g * xa) + xa * mean(g * dxhat)) / r + vjp * dr / r, dxhat, vjp
+
+
+def _trailing_second(op: str, rms: bool) -> None:
+    """layer_norm / rms_norm: y = N(x) gamma + beta over x.shape[axis:]. Along (vx, vg, vb) the
+    VJP (N(x)ᵀ(u gamma), sum u xhat, sum u) moves by (d/de N(x + e vx)ᵀ(u gamma) + N(x)ᵀ(u vg),
+    sum u N(x) vx, 0) (sums over the leading dims)."""
+    def axes_of(x, attrs):
+        return tuple(range(attrs["axis"] % x.ndim, x.ndim))
+
+    def hvp(inputs, attrs, cots, tans):
+        x, gamma, _ = inputs
+        vx, vg, _ = tans
+        u = cots[0]
+        if not x.size:
+            return [np.zeros(x.shape), np.zeros(gamma.shape), np.zeros(gamma.shape)]
+        axes, lead, eps = axes_of(x, attrs), tuple(range(x.ndim - gamma.ndim)), attrs["eps"]
+        hx, dxhat = _normalize_hvp(x, axes, eps, rms, u * gamma, vx)
+        return [hx + _normalize_vjp(x, axes, eps, rms, u * vg), np.sum(u * dxhat, axis=lead),
+                np.zeros(gamma.shape)]
+
+    def magnitude(inputs, attrs, cots, tans):
+        x, gamma, _ = inputs
+        vx, vg, _ = tans
+        if not x.size:
+            return [np.zeros(x.shape), np.zeros(gamma.shape), np.zeros(gamma.shape)], 1
+        axes, lead, eps = axes_of(x, attrs), tuple(range(x.ndim - gamma.ndim)), attrs["eps"]
+        u = np.abs(cots[0])
+        hx, dxhat, _ = _normalize_hvp_abs(x, axes, eps, rms, u * np.abs(gamma), np.abs(vx))
+        vjp_g = _normalize_hvp_abs(x, axes, eps, rms, u * np.abs(vg), np.zeros(x.shape))[2]
+        n = math.prod(x.shape[a] for a in axes)
+        return [hx + vjp_g, np.sum(u * dxhat, axis=lead), np.zeros(gamma.shape)], \
+            3 * (n + 2) + 4 + x.size // max(gamma.size, 1)
+
+    BACKEND.hvp(op)(hvp)
+    BACKEND.hvp_magnitude(op)(magnitude)
+
+
+_trailing_second("layer_norm", rms=False)
+_trailing_second("rms_norm", rms=True)
+
+
+def _groups(x, gamma, num_groups):
+    """x as [N, G, rest] and a per-channel array broadcast to x."""
+    return x.reshape(x.shape[0], num_groups, -1), _per_channel(gamma, x.ndim)
+
+
+@BACKEND.hvp("group_norm")
+def group_norm_hvp(inputs, attrs, cots, tans):
+    """As layer_norm's (_trailing_second) over each group of channels, gamma per channel."""
+    x, gamma, _ = inputs
+    vx, vg, _ = tans
+    u = cots[0]
+    if not x.size:
+        return [np.zeros(x.shape), np.zeros(gamma.shape), np.zeros(gamma.shape)]
+    n, g, eps = x.shape[0], attrs["num_groups"], attrs["eps"]
+    xg, gam = _groups(x, gamma, g)
+
+    def grouped(a):
+        return a.reshape(n, g, -1)
+
+    hx, dxhat = _normalize_hvp(xg, (2,), eps, False, grouped(u * gam), grouped(vx))
+    hx = hx + _normalize_vjp(xg, (2,), eps, False, grouped(u * _per_channel(vg, x.ndim)))
+    other = (0,) + tuple(range(2, x.ndim))
+    return [hx.reshape(x.shape), np.sum(u * dxhat.reshape(x.shape), axis=other), np.zeros(gamma.shape)]
+
+
+@BACKEND.hvp_magnitude("group_norm")
+def group_norm_hvp_magnitude(inputs, attrs, cots, tans):
+    """_normalize_hvp_abs per group (see _trailing_second's magnitude)."""
+    x, gamma, _ = inputs
+    vx, vg, _ = tans
+    if not x.size:
+        return [np.zeros(x.shape), np.zeros(gamma.shape), np.zeros(gamma.shape)], 1
+    n, g, eps = x.shape[0], attrs["num_groups"], attrs["eps"]
+    xg, gam = _groups(x, np.abs(gamma), g)
+    u = np.abs(cots[0])
+
+    def grouped(a):
+        return a.reshape(n, g, -1)
+
+    hx, dxhat, _ = _normalize_hvp_abs(xg, (2,), eps, False, grouped(u * gam), grouped(np.abs(vx)))
+    vjp_g = _normalize_hvp_abs(xg, (2,), eps, False, grouped(u * _per_channel(np.abs(vg), x.ndim)),
+                               np.zeros(xg.shape))[2]
+    other = (0,) + tuple(range(2, x.ndim))
+    m = xg.shape[2]
+    return [(hx + vjp_g).reshape(x.shape), np.sum(u * dxhat.reshape(x.shape), axis=other),
+            np.zeros(gamma.shape)], 3 * (m + 2) + 4 + x.size // max(gamma.size, 1)
+
+
+@BACKEND.hvp("batch_norm_inference")
+def batch_norm_hvp(inputs, attrs, cots, tans):
+    """y = (x - m) s gamma + beta, s = (var + eps)^-1/2, ds = -s^3 dvar / 2. Along (vx, vg, vb, vm,
+    vv) the VJP (u gamma s, sum u (x - m) s, sum u, -sum u gamma s, -sum u (x - m) gamma s^3 / 2)
+    moves by (u (vg s + gamma ds), sum u ((vx - vm) s + (x - m) ds), 0, -sum u (vg s + gamma ds),
+    -sum u ((vx - vm) gamma + (x - m) vg + 3 (x - m) gamma ds / s) s^3 / 2)."""
+    x, gamma, _, mean, var = inputs
+    vx, vg, _, vm, vv = tans
+    u = cots[0]
+    lead = tuple(range(x.ndim - 1))
+    s = 1 / np.sqrt(var + attrs["eps"])
+    ds = -0.5 * vv * s ** 3
+    xm = x - mean
+    hx = u * (vg * s + gamma * ds)
+    return [hx, np.sum(u * ((vx - vm) * s + xm * ds), axis=lead), np.zeros(gamma.shape),
+            -np.sum(hx, axis=lead),
+            -0.5 * np.sum(u * ((vx - vm) * gamma + xm * vg + 3 * xm * gamma * ds / s), axis=lead) * s ** 3]
+
+
+@BACKEND.hvp_magnitude("batch_norm_inference")
+def batch_norm_hvp_magnitude(inputs, attrs, cots, tans):
+    """batch_norm_hvp's terms in absolute value, |x| + |m| for |x - m| (the rounded difference
+    carries u (|x| + |m|)); a result sums the leading elements' products (plus s's roundings)."""
+    x, gamma, _, mean, var = inputs
+    vx, vg, _, vm, vv = tans
+    u = np.abs(cots[0])
+    lead = tuple(range(x.ndim - 1))
+    s = 1 / np.sqrt(np.abs(var + attrs["eps"]))
+    ds = 0.5 * np.abs(vv) * s ** 3
+    xm, g = np.abs(x) + np.abs(mean), np.abs(gamma)
+    avx, avg, avm = np.abs(vx), np.abs(vg), np.abs(vm)
+    hx = u * (avg * s + g * ds)
+    count = x.size // max(x.shape[-1], 1) if x.ndim else 1
+    return [hx, np.sum(u * ((avx + avm) * s + xm * ds), axis=lead), np.zeros(gamma.shape),
+            np.sum(hx, axis=lead),
+            0.5 * np.sum(u * ((avx + avm) * g + xm * avg + 3 * xm * g * ds / s), axis=lead) * s ** 3], count + 8
 
 
 def _heads(a: np.ndarray, b: int, s: int, h: int, d: int) -> np.ndarray:
@@ -306,6 +545,65 @@ def attention_jvp(inputs, attrs, tans):
     return [_unheads(dp @ vh + p @ tvh)]
 
 
+def _attention_abs(inputs, attrs, kind, seeds, saved: bool):
+    """The chain rule of attention_vjp / attention_jvp in absolute values (an upper bound of the
+    |J|-product: each factor by its magnitude, softmax's Jacobian by |J_s|ᵀ|g| <= p (|g| + <p, |g|>)).
+    ``saved``: with each weight p_j raised by the rounding of what a backend computes it from:
+    the scores (a dot product of length d: scale |q|·|k| in units of the judge's gamma) and
+    exp of the rounded s - m (|s - m| / (n + 2), as for softmax)."""
+    q, k, v, mask = inputs
+    (b, sq, sk, h, hkv, d), scale, qh, kh, vh, s0, p = _attention_parts(q, k, v, mask, attrs)
+    n = max(sk, 1)
+    aq, ak, av = np.abs(qh), np.abs(kh), np.abs(vh)
+    pw = p
+    if saved:
+        z = np.where(p > 0, s0, 0.0)
+        spread = np.abs(np.max(np.where(p > 0, s0, -np.inf), axis=-1, keepdims=True) - z)
+        pw = p * (1 + np.where(p > 0, spread, 0.0) / (n + 2) + abs(scale) * (aq @ np.swapaxes(ak, -1, -2)))
+    slope = np.abs(_softcap_slope(s0, attrs["logit_softcap"]))
+    if kind == "vjp":
+        do = np.abs(_heads(seeds[0], b, sq, h, d))
+        dv = np.swapaxes(pw, -1, -2) @ do
+        g = do @ np.swapaxes(av, -1, -2)
+        w = pw * (g + np.sum(pw * g, axis=-1, keepdims=True))
+        gmask = unbroadcast(w, mask.shape) if attrs["mask_kind"] == "bias" else None
+        w0 = w * slope
+        dq = abs(scale) * (w0 @ ak)
+        dk = abs(scale) * (np.swapaxes(w0, -1, -2) @ aq)
+        return [_unheads(dq), _unheads(_fold_heads(dk, hkv)), _unheads(_fold_heads(dv, hkv)), gmask]
+    tq, tk, tv, tm = seeds
+    tqh = np.abs(_heads(tq, b, sq, h, d))
+    tkh = np.abs(np.repeat(_heads(tk, b, sk, hkv, d), h // hkv, axis=1))
+    tvh = np.abs(np.repeat(_heads(tv, b, sk, hkv, d), h // hkv, axis=1))
+    ds = abs(scale) * (tqh @ np.swapaxes(ak, -1, -2) + aq @ np.swapaxes(tkh, -1, -2)) * slope
+    if attrs["mask_kind"] == "bias":
+        ds = ds + np.broadcast_to(np.abs(tm), ds.shape)
+    ds = np.where(p > 0, ds, 0.0)
+    dp = pw * (ds + np.sum(pw * ds, axis=-1, keepdims=True))
+    return [_unheads(dp @ av + pw @ tvh)]
+
+
+def _attention_saved(inputs, attrs, kind, seeds):
+    """The part of attention's magnitude that is the rounding of its saved scores and weights."""
+    plain = _attention_abs(inputs, attrs, kind, seeds, saved=False)
+    return [None if a is None else b - a
+            for a, b in zip(plain, _attention_abs(inputs, attrs, kind, seeds, saved=True))]
+
+
+SAVED_TERMS["attention"] = _attention_saved
+
+
+@BACKEND.magnitude("attention")
+def attention_magnitude(inputs, attrs, kind, seeds):
+    """_attention_abs with the saved terms. terms: a result sums at most d (n + 1) + n products
+    (each score a length-d dot product, each output a length-n weighted sum, and a query's or
+    key's gradient over every score it enters), plus 4 for the softmax's own roundings."""
+    q, k, v, mask = inputs
+    _, _, sk, _, _, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
+    n = max(sk, 1)
+    return _attention_abs(inputs, attrs, kind, seeds, saved=True), d * (n + 1) + n + 4
+
+
 def _rope_views(x, head_dim, n_rot, style):
     xs = x.reshape(x.shape[:-1] + (x.shape[-1] // head_dim, head_dim))
     return xs, rope_pairs(xs, head_dim, n_rot, style)
@@ -341,3 +639,33 @@ def rope_jvp(inputs, attrs, tans):
     o1[...] = t1 * c - t2 * s + x1 * dc - x2 * dsn
     o2[...] = t2 * c + t1 * s + x2 * dc + x1 * dsn
     return [out.reshape(x.shape)]
+
+
+@BACKEND.magnitude("rope")
+def rope_magnitude(inputs, attrs, kind, seeds):
+    """The rules with every term's magnitude (their minus signs made plus, all operands |.|):
+    exact, each output of a pair reads two elements of x and one of each table, each x element
+    feeds the two outputs of its pair; a table's VJP result sums over the leading dims and heads."""
+    x, cos, sin = (np.abs(a) for a in inputs)
+    hd, nr, style = attrs["head_dim"], attrs["n_rot"], attrs["style"]
+    _, (x1, x2, _) = _rope_views(x, hd, nr, style)
+    c, s = cos[:, None, :], sin[:, None, :]
+    if kind == "vjp":
+        u = np.abs(seeds[0])
+        _, (u1, u2, _) = _rope_views(u, hd, nr, style)
+        g = u.copy()
+        _, (g1, g2, _) = _rope_views(g, hd, nr, style)
+        g1[...] = u1 * c + u2 * s
+        g2[...] = u2 * c + u1 * s
+        fold = tuple(range(x1.ndim - 3)) + (x1.ndim - 2,)
+        count = int(np.prod([x1.shape[a] for a in fold])) if x1.ndim else 1
+        return [g.reshape(x.shape), np.sum(u1 * x1 + u2 * x2, axis=fold),
+                np.sum(u2 * x1 + u1 * x2, axis=fold)], max(2 * count, 2)
+    tx, tc, ts = (np.abs(t) for t in seeds)
+    _, (t1, t2, _) = _rope_views(tx, hd, nr, style)
+    dc, dsn = tc[:, None, :], ts[:, None, :]
+    out = tx.copy()
+    _, (o1, o2, _) = _rope_views(out, hd, nr, style)
+    o1[...] = t1 * c + t2 * s + x1 * dc + x2 * dsn
+    o2[...] = t2 * c + t1 * s + x2 * dc + x1 * dsn
+    return [out.reshape(x.shape)], 4

@@ -8,13 +8,21 @@ float64 budgets (constant and offset values at n = 10^6). Products are numpy's: 
 multiplication rounds the whole product, so no order beats gamma_(n-1) (their budget)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
 from rlx_conformance.backends.cpu._grad import (
+    SAVED_TERMS,
     exclusive_products,
+    exclusive_sums,
+    multilinear,
+    selection,
     selection_radius,
     softmax_centered,
+    softmax_hvp_magnitude_parts,
+    softmax_hvp_parts,
 )
 
 kernel = BACKEND.kernel
@@ -185,7 +193,8 @@ def _rows(x: np.ndarray, axes) -> tuple[np.ndarray, tuple[int, ...]]:
     ax = _reduced(x, axes)
     rest = [a for a in range(x.ndim) if a not in ax]
     perm = tuple(rest + list(ax))
-    return np.transpose(x, perm).reshape([x.shape[a] for a in rest] + [-1]), perm
+    n = math.prod(x.shape[a] for a in ax)  # explicit: -1 is ambiguous when the rest is empty
+    return np.transpose(x, perm).reshape([x.shape[a] for a in rest] + [n]), perm
 
 
 def _unrows(r: np.ndarray, x: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
@@ -224,6 +233,16 @@ def _extreme_rule(op: str, pick) -> None:
 _extreme_rule("reduce_max", np.max)
 _extreme_rule("reduce_min", np.min)
 
+# Magnitudes: sums are linear with nonnegative coefficients (_grad.multilinear); max/min select
+# with tie shares (_grad.selection): a VJP result receives one output's share, a JVP sums the tied
+# elements (at most the reduced count).
+BACKEND.magnitude("reduce_sum")(multilinear("reduce_sum"))
+BACKEND.magnitude("reduce_mean")(multilinear("reduce_mean", lambda xs, attrs, kind: 1 if kind == "vjp"
+                                             else max(_count(xs[0], attrs["axes"]), 1)))
+for _op in ("reduce_max", "reduce_min"):
+    BACKEND.magnitude(_op)(selection(_op, lambda xs, attrs, kind: 1 if kind == "vjp"
+                                      else _count(xs[0], attrs["axes"])))
+
 
 @vjp("reduce_prod", convention="exact at zeros: the product of the other elements (no division)")
 def reduce_prod_vjp(inputs, attrs, cots):
@@ -248,6 +267,11 @@ def reduce_prod_jvp(inputs, attrs, tans):
     return [dp]
 
 
+# reduce_prod is multilinear in the elements (_grad.multilinear); an entry is a product of the
+# other n - 1 elements, so a result carries n roundings whichever way it is formed.
+BACKEND.magnitude("reduce_prod")(multilinear("reduce_prod", lambda xs, attrs, kind: max(_count(xs[0], attrs["axes"]), 1)))
+
+
 def _softmax64(x: np.ndarray, axis: int) -> np.ndarray:
     e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)
@@ -263,6 +287,57 @@ def softmax_vjp(inputs, attrs, vs):
         return [np.zeros(x.shape)]
     s = _softmax64(x, attrs["axis"])
     return [s * softmax_centered(s, vs[0], attrs["axis"])]
+
+
+def _softmax_saved(inputs, attrs, kind, seeds):
+    """MLX (like PyTorch and JAX) differentiates softmax from its rounded output s as
+    s (w - <s, w>): rounding s by a relative u moves that by u (s_j |w_j - <s, w>| + s_j <s, |w|>)
+    <= u s_j (|w_j| + 2 <s, |w|>), which dominates the exact magnitude where s is nearly one-hot."""
+    (x,) = inputs
+    if not x.size:
+        return [np.zeros(x.shape)]
+    s, w = _softmax64(x, attrs["axis"]), np.abs(seeds[0])
+    return [s * (w + 2 * np.sum(s * w, axis=attrs["axis"], keepdims=True))]
+
+
+@BACKEND.magnitude("softmax")
+def softmax_magnitude(inputs, attrs, kind, seeds):
+    """|J| |w| for J = diag(s) - s sᵀ (symmetric, so one formula for vjp and jvp), exactly:
+    s_j ((1 - s_j) |w_j| + sum_{i != j} s_i |w_i|) with 1 - s_j = sum_{i != j} s_i (no
+    cancellation), plus the saved-output term (_softmax_saved); a result sums the n terms of
+    <s, w> along the axis."""
+    (x,) = inputs
+    ax = attrs["axis"]
+    if not x.size:
+        return [np.zeros(x.shape)], 1
+    s, w = _softmax64(x, ax), np.abs(seeds[0])
+    exact = s * (exclusive_sums(s, ax) * w + exclusive_sums(s * w, ax))
+    return [exact + _softmax_saved(inputs, attrs, kind, seeds)[0]], x.shape[ax]
+
+
+SAVED_TERMS["softmax"] = _softmax_saved
+
+
+@BACKEND.hvp("softmax")
+def softmax_hvp(inputs, attrs, cots, tans):
+    """The Hessian of <u, softmax(x)> times v: softmax_hvp_parts."""
+    (x,) = inputs
+    if not x.size:
+        return [np.zeros(x.shape)]
+    ax = attrs["axis"]
+    return [softmax_hvp_parts(_softmax64(x, ax), cots[0], tans[0], ax)]
+
+
+@BACKEND.hvp_magnitude("softmax")
+def softmax_hvp_magnitude(inputs, attrs, cots, tans):
+    """softmax_hvp_magnitude_parts at the reference's s."""
+    (x,) = inputs
+    if not x.size:
+        return [np.zeros(x.shape)], 1
+    ax = attrs["axis"]
+    spread = np.abs(x - np.max(x, axis=ax, keepdims=True))
+    mag, terms = softmax_hvp_magnitude_parts(_softmax64(x, ax), spread, cots[0], tans[0], ax)
+    return [mag], terms
 
 
 # scans: a linear scan's transpose runs the other way (an exclusive scan stays exclusive)
@@ -284,6 +359,9 @@ def cumsum_jvp(inputs, attrs, tans):
     if attrs["reverse"]:
         out = np.flip(out, -1)
     return [np.moveaxis(out, -1, attrs["axis"])]
+
+
+BACKEND.magnitude("cumsum")(multilinear("cumsum"))  # a running sum: coefficients 0 or 1
 
 
 def _along(x: np.ndarray, attrs) -> np.ndarray:
@@ -333,36 +411,61 @@ def cum_prod_jvp(inputs, attrs, tans):
     return [_back(out, attrs)]
 
 
-def _running_argmax_weights(x: np.ndarray) -> list[np.ndarray]:
-    """Per prefix j (scan order, last axis): weights over i <= j, 1/count on the elements tied at
-    the running max."""
-    out = []
-    for j in range(x.shape[-1]):
-        pre = x[..., : j + 1]
-        hit = pre == np.max(pre, -1, keepdims=True)
-        out.append(hit / np.maximum(hit.sum(-1, keepdims=True), 1))
-    return out
+# cum_prod is multilinear in the elements (_grad.multilinear): an entry is a product of up to
+# n - 1 elements and a result sums up to n of them.
+BACKEND.magnitude("cum_prod")(multilinear("cum_prod", lambda xs, attrs, kind: max(xs[0].shape[attrs["axis"]], 1)
+                                          if xs[0].ndim else 1))
+
+
+def _running_max_runs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Along the last axis: whether each element holds its prefix's running max, the number of
+    elements tied at the running max of each prefix (c_j), and the run each position belongs to
+    (a run starts where the running max rises strictly; elements before it are smaller). O(n)."""
+    m = np.maximum.accumulate(x, axis=-1)
+    rise = np.ones(x.shape, bool)
+    rise[..., 1:] = m[..., 1:] > m[..., :-1]
+    run = np.cumsum(rise, axis=-1)
+    holds = x == m  # x_i is the running max at i, hence tied at it for all j >= i in its run
+    count = _within_run_cumsum(holds.astype(np.float64), run)
+    return holds, count, run
+
+
+def _within_run_cumsum(v: np.ndarray, run: np.ndarray) -> np.ndarray:
+    """Cumulative sums along the last axis restarting at each run."""
+    c = np.cumsum(v, axis=-1)
+    start = np.concatenate([np.zeros(v.shape[:-1] + (1,), bool), run[..., 1:] != run[..., :-1]], -1)
+    pos = np.broadcast_to(np.arange(v.shape[-1]), v.shape)
+    first = np.maximum.accumulate(np.where(start, pos, 0), axis=-1)  # each run's first position
+    before = np.take_along_axis(c - v, first, axis=-1)  # the total before it (0 for the first run)
+    return c - np.where(first > 0, before, 0.0)
 
 
 @vjp("cum_max", convention="each running max passes its cotangent to the element holding it; "
      "ties share it equally (as reduce_max)",
      radius=lambda xs, attrs: [_cum_max_radius(xs[0], attrs)])
 def cum_max_vjp(inputs, attrs, cots):
+    """g_i = sum over the later prefixes j of i's run where x_i is tied at the max of u_j / c_j:
+    a suffix sum within the run, for the elements holding the running max."""
     x, u = _along(inputs[0], attrs), _along(cots[0], attrs)
     if attrs["exclusive"]:  # output j is the inclusive max of the prefix j-1
         u = np.concatenate([u[..., 1:], np.zeros(u.shape[:-1] + (1,))], -1)
-    g = np.zeros(x.shape)
-    for j, w in enumerate(_running_argmax_weights(x)):
-        g[..., : j + 1] += w * u[..., j : j + 1]
-    return [_back(g, attrs)]
+    if x.shape[-1] == 0:
+        return [_back(np.zeros(x.shape), attrs)]
+    holds, count, run = _running_max_runs(x)
+    w = u / np.maximum(count, 1)
+    rev = np.flip(_within_run_cumsum(np.flip(w, -1), np.flip(-run, -1)), -1)  # suffix sums per run
+    return [_back(np.where(holds, rev, 0.0), attrs)]
 
 
 @jvp("cum_max")
 def cum_max_jvp(inputs, attrs, tans):
+    """out_j = the mean of the tangents of the elements tied at prefix j's max (they all lie in
+    j's run)."""
     x, t = _along(inputs[0], attrs), _along(tans[0], attrs)
-    out = np.zeros(x.shape)
-    for j, w in enumerate(_running_argmax_weights(x)):
-        out[..., j] = np.sum(w * t[..., : j + 1], -1)
+    if x.shape[-1] == 0:
+        return [_back(np.zeros(x.shape), attrs)]
+    holds, count, run = _running_max_runs(x)
+    out = _within_run_cumsum(np.where(holds, t, 0.0), run) / np.maximum(count, 1)
     if attrs["exclusive"]:
         out = _shift(out, 0.0)
     return [_back(out, attrs)]
@@ -376,3 +479,9 @@ def _cum_max_radius(x: np.ndarray, attrs) -> np.ndarray:
     for j in range(w.shape[-1]):
         r[..., : j + 1] = np.minimum(r[..., : j + 1], selection_radius(w[..., : j + 1]))
     return _back(r, attrs)
+
+
+# cum_max selects with tie shares (_grad.selection): a VJP result collects the outputs its element
+# is the running max of, a JVP the tied elements of one prefix; both at most the scan length.
+BACKEND.magnitude("cum_max")(selection("cum_max", lambda xs, attrs, kind: max(xs[0].shape[attrs["axis"]], 1)
+                                       if xs[0].ndim else 1))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import unbroadcast
+from rlx_conformance.backends.cpu._grad import multilinear, unbroadcast
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.ops.shape import check_indices, slice_indices
 
@@ -323,3 +323,10 @@ def one_hot_vjp(inputs, attrs, cots):
 def one_hot_jvp(inputs, attrs, tans):
     indices, _ = inputs
     return [one_hot(indices, tans[1], depth=attrs["depth"], axis=attrs["axis"]).astype(np.float64)]
+
+
+# Magnitudes: every op above moves or sums its data with coefficients 0 or 1 (_grad.multilinear:
+# the rule on |seed| is exactly |J|-product, on ones it counts the summed seeds).
+for _op in ("reshape", "transpose", "narrow", "slice", "concat", "expand", "reverse", "tile", "trilu",
+            "pad", "gather", "scatter_add", "one_hot"):
+    BACKEND.magnitude(_op)(multilinear(_op))

@@ -12,6 +12,7 @@ import numpy as np
 from scipy import special
 
 from rlx_conformance.backends.cpu import BACKEND
+from rlx_conformance.backends.cpu._grad import SAVED_TERMS, softmax_centered
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.bounds.signal import fake_quantize_scale, param_view
 
@@ -117,6 +118,30 @@ def fft_jvp(inputs, attrs, tans):
     return [fft(tans[0], inverse=attrs["inverse"], norm=attrs["norm"])]
 
 
+def _fft_scale(n: int, attrs) -> float:
+    table = {"backward": 1.0, "ortho": 1 / np.sqrt(n), "forward": 1.0 / n}
+    if attrs["inverse"]:
+        table = {"backward": 1.0 / n, "ortho": 1 / np.sqrt(n), "forward": 1.0}
+    return table[attrs["norm"]]
+
+
+@BACKEND.magnitude("fft")
+def fft_magnitude(inputs, attrs, kind, seeds):
+    """|J| |w| exactly: as a real map of (re, im) pairs the entries are s |cos| and s |sin| of
+    2 pi jk / n (symmetric in j, k and the same for either sign, so one formula for vjp and
+    jvp); a result sums 2n products. Dense in n (the matrix of angles), cheap at the case sizes."""
+    (x,) = inputs
+    n = x.shape[-2]
+    if not x.size:
+        return [np.zeros(x.shape)], 1
+    jk = np.outer(np.arange(n), np.arange(n)) % n  # exact angles: no large products in the sine
+    c, s = np.abs(np.cos(2 * np.pi * jk / n)), np.abs(np.sin(2 * np.pi * jk / n))
+    w = np.abs(seeds[0])
+    re = w[..., 0] @ c + w[..., 1] @ s
+    im = w[..., 0] @ s + w[..., 1] @ c
+    return [_fft_scale(n, attrs) * np.stack([re, im], axis=-1)], 2 * n
+
+
 @vjp("dequantize", convention="the integer x and zero point have no derivative")
 def dequantize_vjp(inputs, attrs, cots):
     """y = (x - z) s: d/ds sums u (x - z) over everything but the parameter's axis."""
@@ -134,6 +159,19 @@ def dequantize_jvp(inputs, attrs, tans):
     x, _, zp = inputs
     q = x.astype(np.float64) - param_view(zp, x.ndim, attrs["axis"]).astype(np.float64)
     return [q * param_view(tans[1], x.ndim, attrs["axis"])]
+
+
+@BACKEND.magnitude("dequantize")
+def dequantize_magnitude(inputs, attrs, kind, seeds):
+    """y = (x - z) s is linear in s with coefficients x - z: the rules at |x - z| (as x, with a
+    zero point of 0) give |J|-product exactly; a VJP result sums every element of its channel."""
+    x, scale, zp = inputs
+    q = np.abs(x.astype(np.float64) - param_view(zp, x.ndim, attrs["axis"]).astype(np.float64))
+    at = [q, scale, np.zeros(zp.shape)]
+    if kind == "vjp":
+        return [None, np.abs(dequantize_vjp(at, attrs, [np.abs(seeds[0])])[1]), None], \
+            max(x.size // max(scale.size, 1), 1)
+    return [dequantize_jvp(at, attrs, [None, np.abs(seeds[1]), None])[0]], 1
 
 
 def _log_softmax_parts(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,8 +192,10 @@ def _xent_dlogits(p: np.ndarray, targets: np.ndarray) -> np.ndarray:
     at_m = np.arange(p.shape[-1]) == m
     others_p = np.sum(np.where(at_m, 0.0, p), -1, keepdims=True)
     others_t = np.sum(np.where(at_m, 0.0, targets), -1, keepdims=True)
+    raw = d.copy()
     np.put_along_axis(d, m, others_t - tot * others_p, axis=-1)
-    return d
+    # a NaN of the plain form stays NaN (a one-class row has no other term to carry a NaN logit)
+    return np.where(np.isnan(raw), raw, d)
 
 
 @vjp("softmax_cross_entropy")
@@ -175,3 +215,71 @@ def xent_jvp(inputs, attrs, tans):
     dl, dt = tans
     p, nll = _log_softmax_parts(logits)
     return [np.sum(_xent_dlogits(p, targets) * dl + nll * dt, -1)]
+
+
+@BACKEND.hvp("softmax_cross_entropy")
+def xent_hvp(inputs, attrs, cots, tans):
+    """d/de of the VJP (u (T p - t), u (lse - l)) along (l + e vl, t + e vt): for the logits
+    u (T dp + (sum vt) p - vt) with dp = p (vl - <p, vl>) (softmax's JVP), for the targets
+    u (<p, vl> - vl) (d lse = <p, dl>)."""
+    logits, targets = inputs
+    vl, vt = tans
+    p, _ = _log_softmax_parts(logits)
+    u = cots[0][..., None]
+    c = softmax_centered(p, vl, -1)
+    dp = p * c
+    tot = np.sum(targets, -1, keepdims=True)
+    return [u * (tot * dp + np.sum(vt, -1, keepdims=True) * p - vt), -u * c]
+
+
+@BACKEND.hvp_magnitude("softmax_cross_entropy")
+def xent_hvp_magnitude(inputs, attrs, cots, tans):
+    """xent_hvp's terms in absolute value: |u| (sum|t| |dp| + sum|vt| p + |vt|) and
+    |u| (|vl| + <p, |vl|>), |dp| <= p (|vl| + <p, |vl|>), with each p_c scaled by
+    1 + (|lse| + lse - l_c) / (n + 2): MLX forms p = exp(l - lse) from the rounded lse and
+    difference, so p_c carries (n + 2 + |lse| + |lse - l_c|) u relative error (n the classes).
+    Terms 2 (n + 2) + 2: quadratic in p, and the sums along the classes are n products each."""
+    logits, targets = inputs
+    vl, vt = tans
+    n = logits.shape[-1]
+    p, nll = _log_softmax_parts(logits)
+    pw = p * (1 + (np.abs(nll + logits) + nll) / (n + 2))
+    u = np.abs(cots[0])[..., None]
+    avl, avt = np.abs(vl), np.abs(vt)
+    cl = avl + np.sum(pw * avl, -1, keepdims=True)
+    tot = np.sum(np.abs(targets), -1, keepdims=True)
+    return [u * (tot * pw * cl + np.sum(avt, -1, keepdims=True) * pw + avt), u * cl], 2 * (n + 2) + 2
+
+
+def _xent_saved(inputs, attrs, kind, seeds):
+    """MLX composes the loss from logsumexp, whose VJP is exp(l - lse) from the rounded saved lse:
+    rounding lse and the difference l - lse moves p_c by p_c (|lse| + |lse - l_c|) u, so the
+    logits' partial T p - t by T times that (it dominates where p matches a one-hot target);
+    the targets' partial lse - l_c cancels where l_c is near lse (values of small spread)."""
+    logits, targets = inputs
+    p, nll = _log_softmax_parts(logits)
+    lse = nll + logits
+    d = np.abs(np.sum(targets, -1, keepdims=True)) * p * (np.abs(lse) + np.abs(nll))
+    # the targets' partial lse - l_c from the saved lse: its rounding u |lse| and the log of a
+    # sum of C terms, gamma_C absolute (C, the classes, in units of u)
+    dt_ = np.abs(lse) + logits.shape[-1]
+    if kind == "vjp":
+        u = np.abs(seeds[0])[..., None]
+        return [u * d, u * dt_]
+    return [np.sum(d * np.abs(seeds[0]) + dt_ * np.abs(seeds[1]), -1)]
+
+
+@BACKEND.magnitude("softmax_cross_entropy")
+def xent_magnitude(inputs, attrs, kind, seeds):
+    """Each logit and target feeds one row's loss: the partials (the VJP at a unit cotangent)
+    times |seed| exactly (a VJP result is one product, a JVP one sums 2C), plus _xent_saved."""
+    logits = inputs[0]
+    dl, dt_ = (np.abs(g) for g in xent_vjp(inputs, attrs, [np.ones(logits.shape[:-1])]))
+    saved = _xent_saved(inputs, attrs, kind, seeds)
+    if kind == "vjp":
+        u = np.abs(seeds[0])[..., None]
+        return [u * dl + saved[0], u * dt_ + saved[1]], 1
+    return [np.sum(dl * np.abs(seeds[0]) + dt_ * np.abs(seeds[1]), -1) + saved[0]], 2 * logits.shape[-1]
+
+
+SAVED_TERMS["softmax_cross_entropy"] = _xent_saved

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
-from rlx_conformance.backends.cpu._grad import sorted_gap_radius
+from rlx_conformance.backends.cpu._grad import selection, sorted_gap_radius
 
 kernel = BACKEND.kernel
 
@@ -81,3 +81,8 @@ def top_k_jvp(inputs, attrs, tans):
     (x,) = inputs
     idx = stable_order(x, -1, True)[..., : attrs["k"]]
     return [np.take_along_axis(tans[0], idx, axis=-1), None]
+
+
+# Magnitudes: a permutation (sort) or a selection of one (top_k) has 0/1 entries (_grad.selection).
+for _op in ("sort", "top_k"):
+    BACKEND.magnitude(_op)(selection(_op))

@@ -101,7 +101,8 @@ class MlxBackend(Backend):
     # TF32 tensor cores unless MLX_ENABLE_TF32=0, read once per process. float16/bfloat16 cases
     # compute in float32 here, so they are affected too. On a GPU their cases run as variant
     # tf32:on or tf32:off (the case id says which); --tf32 both runs each case both ways.
-    TF32_OPS = ("mat_mul", "dot_general", "conv", "conv_transpose2d", "attention")
+    TF32_OPS = ("mat_mul", "dot_general", "conv", "conv_transpose2d", "attention", "conv2d_backward_input",
+                "conv2d_backward_weight")
     TF32_ENV = "MLX_ENABLE_TF32"
 
     def variants(self, op: str, dtype: str, device: str, option: str | None = None) -> list[str]:

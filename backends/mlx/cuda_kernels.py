@@ -41,7 +41,9 @@ Each op is split into ``plan_*`` (host side: params, grid, template, output shap
 testable without a GPU — tests/test_cuda_kernels.py emulates the plans in numpy) and the launch.
 
 custom.py calls these; this module imports nothing of custom.py. Its kernels with the CUDA path
-forced, as a contributor would register them for ``validate``, are in cuda_validate.py.
+forced, as a contributor would register them for ``validate``, are in cuda_validate.py. MLX cannot
+differentiate an ``mx.fast.cuda_kernel``: custom.py calls each of these inside an
+``mx.custom_function`` with a VJP and JVP in MLX primitives (custom.with_derivatives).
 """
 from __future__ import annotations
 

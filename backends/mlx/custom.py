@@ -17,7 +17,10 @@ On a CUDA GPU stream the scatters, gathers, mat_vec, values_grad and CG's produc
 CUDA kernels instead (``cuda_kernels.py``: deterministic, no atomics); the compositions here
 are the fallback on every other build, and on CUDA with RLX_MLX_CUDA_KERNELS=0. A scatter with
 no updates returns ``data`` without calling MLX's scatter (MLX 0.32.4's GPU scatter dies with
-SIGFPE in compiled mode on zero updates).
+SIGFPE in compiled mode on zero updates). MLX cannot differentiate those kernels: each runs inside
+an ``mx.custom_function`` whose VJP and JVP are written in MLX primitives (``with_derivatives``
+and the ``*_with_derivatives`` factories at the end of this file), so mx.vjp/mx.jvp work on the
+GPU as on the compositions, which MLX differentiates itself.
 """
 from __future__ import annotations
 
@@ -72,14 +75,27 @@ def _scatter(data: mx.array, coords: tuple[mx.array, ...], updates: mx.array, re
     return getattr(data.at[coords], REDUCE[reduction])(updates)
 
 
+def composed_scatter_elements(data, indices, updates, ax: int, reduction: str) -> mx.array:
+    """ScatterElements in MLX primitives (the signature of cuda_kernels.scatter_elements)."""
+    return _scatter(data, _axis_coords(indices, ax, data.shape[ax]), updates, reduction)
+
+
 @kernel("onnx.ScatterElements")
 def scatter_elements(data, indices, updates, *, axis, reduction):
     ax = axis % data.ndim
     if updates.size == 0 or data.size == 0:
         return mx.array(data)
     if _cuda.active():
-        return _cuda.scatter_elements(data, indices, updates, ax, reduction)
-    return _scatter(data, _axis_coords(indices, ax, data.shape[ax]), updates, reduction)
+        return scatter_with_derivatives(lambda d, i, u: _cuda.scatter_elements(d, i, u, ax, reduction),
+                                        _elements_targets(ax), reduction)(data, indices, updates)
+    return composed_scatter_elements(data, indices, updates, ax, reduction)
+
+
+def composed_gather_elements(data, indices, ax: int) -> mx.array:
+    """GatherElements in MLX primitives (the signature of cuda_kernels.gather_elements)."""
+    # indices may be smaller than data off the axis: cut data to them, then take_along_axis.
+    sub = data[tuple(slice(None) if d == ax else slice(0, n) for d, n in enumerate(indices.shape))]
+    return mx.take_along_axis(sub, safe_index(indices, data.shape[ax]), axis=ax)
 
 
 @kernel("onnx.GatherElements")
@@ -88,15 +104,32 @@ def gather_elements(data, indices, *, axis):
     if indices.size == 0:
         return mx.zeros(indices.shape, data.dtype)
     if _cuda.active():
-        return _cuda.gather_elements(data, indices, ax)
-    # indices may be smaller than data off the axis: cut data to them, then take_along_axis.
-    sub = data[tuple(slice(None) if d == ax else slice(0, n) for d, n in enumerate(indices.shape))]
-    return mx.take_along_axis(sub, safe_index(indices, data.shape[ax]), axis=ax)
+        return gather_with_derivatives(lambda d, i: _cuda.gather_elements(d, i, ax),
+                                       lambda d, i: _axis_coords(i, ax, d.shape[ax]))(data, indices)
+    return composed_gather_elements(data, indices, ax)
 
 
 def _tuple_coords(idx: mx.array, sizes: Sequence[int]) -> tuple[mx.array, ...]:
     """Split [..., k] index tuples into k coordinate arrays, each normalised and clamped."""
     return tuple(safe_index(idx[..., j], s) for j, s in enumerate(sizes))
+
+
+def _nd_coords(data, indices, b: int) -> tuple[mx.array, ...]:
+    """GatherND's source coordinates in data viewed as [nb, *data.shape[b:]]: the batch, then
+    the k index coordinates, each [nb, P]."""
+    k = indices.shape[-1]
+    nb = int(np.prod(data.shape[:b], dtype=np.int64))
+    batch = mx.arange(nb).reshape(nb, 1)
+    return (batch,) + _tuple_coords(indices.reshape(nb, -1, k), data.shape[b:b + k])
+
+
+def composed_gather_nd(data, indices, b: int) -> mx.array:
+    """GatherND in MLX primitives (the signature of cuda_kernels.gather_nd)."""
+    k = indices.shape[-1]
+    out_shape = tuple(indices.shape[:-1]) + tuple(data.shape[b + k:])
+    nb = int(np.prod(data.shape[:b], dtype=np.int64))
+    d = data.reshape((nb,) + tuple(data.shape[b:]))
+    return d[_nd_coords(data, indices, b)].reshape(out_shape)
 
 
 @kernel("onnx.GatherND")
@@ -107,13 +140,30 @@ def gather_nd(data, indices, *, batch_dims):
     if indices.size == 0 or math.prod(out_shape) == 0:
         return mx.zeros(out_shape, data.dtype)
     if _cuda.active():
-        return _cuda.gather_nd(data, indices, b)
-    nb = int(np.prod(data.shape[:b], dtype=np.int64))
-    d = data.reshape((nb,) + tuple(data.shape[b:]))
-    idx = indices.reshape(nb, -1, k)
-    batch = mx.arange(nb).reshape(nb, 1)
-    out = d[(batch,) + _tuple_coords(idx, data.shape[b:b + k])]
-    return out.reshape(out_shape)
+        nb = int(np.prod(data.shape[:b], dtype=np.int64))
+        return gather_with_derivatives(
+            lambda d, i: _cuda.gather_nd(d, i, b), lambda d, i: _nd_coords(d, i, b),
+            lambda d: (nb,) + tuple(d.shape[b:]))(data, indices)
+    return composed_gather_nd(data, indices, b)
+
+
+def _nd_targets(data, indices, updates) -> tuple[tuple[mx.array, ...], mx.array]:
+    """ScatterND's target coordinates (one [M] array per index component) and the updates as
+    [M, *slice]."""
+    k = indices.shape[-1]
+    idx = indices.reshape(-1, k)
+    return _tuple_coords(idx, data.shape[:k]), updates.reshape((idx.shape[0],) + tuple(data.shape[k:]))
+
+
+def _elements_targets(ax: int):
+    """ScatterElements' target coordinates (each of the indices' shape) and the updates."""
+    return lambda data, indices, updates: (_axis_coords(indices, ax, data.shape[ax]), updates)
+
+
+def composed_scatter_nd(data, indices, updates, reduction: str) -> mx.array:
+    """ScatterND in MLX primitives (the signature of cuda_kernels.scatter_nd)."""
+    coords, upd = _nd_targets(data, indices, updates)
+    return _scatter(data, coords, upd, reduction)
 
 
 @kernel("onnx.ScatterND")
@@ -121,11 +171,9 @@ def scatter_nd(data, indices, updates, *, reduction):
     if updates.size == 0 or data.size == 0:
         return mx.array(data)
     if _cuda.active():
-        return _cuda.scatter_nd(data, indices, updates, reduction)
-    k = indices.shape[-1]
-    idx = indices.reshape(-1, k)
-    upd = updates.reshape((idx.shape[0],) + tuple(data.shape[k:]))
-    return _scatter(data, _tuple_coords(idx, data.shape[:k]), upd, reduction)
+        return scatter_with_derivatives(lambda d, i, u: _cuda.scatter_nd(d, i, u, reduction),
+                                        _nd_targets, reduction)(data, indices, updates)
+    return composed_scatter_nd(data, indices, updates, reduction)
 
 
 # -- rlx_sparse ----------------------------------------------------------------------------------
@@ -149,15 +197,26 @@ def spmv(values, rows, cols, x, n):
     return mx.zeros((n,), values.dtype).at[rows].add(values * x[cols])
 
 
+def composed_spmv(values, col_idx, row_ptr, x) -> mx.array:
+    """A x in MLX primitives (the signature of cuda_kernels.spmv)."""
+    rows, cols = _csr(values, col_idx, row_ptr, x.shape[0])
+    return spmv(values, rows, cols, x, row_ptr.shape[0] - 1)
+
+
 @kernel("rlx_sparse.mat_vec")
 def mat_vec(values, col_idx, row_ptr, x):
     n = row_ptr.shape[0] - 1
     if col_idx.shape[0] == 0:
         return mx.zeros((n,), values.dtype)
     if _cuda.active() and n:
-        return _cuda.spmv(values, col_idx, row_ptr, x)
-    rows, cols = _csr(values, col_idx, row_ptr, x.shape[0])
-    return spmv(values, rows, cols, x, n)
+        return spmv_with_derivatives(_cuda.spmv)(values, col_idx, row_ptr, x)
+    return composed_spmv(values, col_idx, row_ptr, x)
+
+
+def composed_values_grad(col_idx, row_ptr, u, v) -> mx.array:
+    """u[row k] v[col k] in MLX primitives (the signature of cuda_kernels.values_grad)."""
+    rows, cols = _csr(None, col_idx, row_ptr, v.shape[0])
+    return u[rows] * v[cols]
 
 
 @kernel("rlx_sparse.values_grad")
@@ -165,9 +224,8 @@ def values_grad(col_idx, row_ptr, u, v):
     if col_idx.shape[0] == 0:
         return mx.zeros((0,), u.dtype)
     if _cuda.active() and v.shape[0]:
-        return _cuda.values_grad(col_idx, row_ptr, u, v)
-    rows, cols = _csr(None, col_idx, row_ptr, v.shape[0])
-    return u[rows] * v[cols]
+        return values_grad_with_derivatives(_cuda.values_grad)(col_idx, row_ptr, u, v)
+    return composed_values_grad(col_idx, row_ptr, u, v)
 
 
 MLX_LU_1X1_F64 = (
@@ -200,8 +258,10 @@ def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     concrete = True  # eager and lazy: stop once converged; under mx.compile: all max_iter steps
     n = b.shape[0]
     if _cuda.active() and col_idx.shape[0]:
+        cuda_spmv = spmv_with_derivatives(_cuda.spmv)
+
         def product(p):
-            return _cuda.spmv(values, col_idx, row_ptr, p)
+            return cuda_spmv(values, col_idx, row_ptr, p)
     else:
         rows, cols = _csr(values, col_idx, row_ptr, n)
 
@@ -211,19 +271,25 @@ def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     r = b
     p = r
     rs = mx.sum(r * r)
-    done = mx.sqrt(rs) < tol
+    # The convergence test through stop_gradient: MLX's VJP of a comparison sends a zero
+    # cotangent back into its operands, and sqrt's derivative at rs = 0 is inf (0 * inf = NaN).
+    done = mx.sqrt(mx.stop_gradient(rs)) < tol
+    one = mx.ones_like(rs)
     for it in range(max_iter):
         ap = product(p)
-        alpha = rs / mx.sum(p * ap)
+        # Once converged a lane's step is discarded (mx.where below), but its divisions still run
+        # on r = p = 0: 0/0 there is harmless to the values and poisons the derivative (where's
+        # VJP sends 0 into the unselected branch, and 0 * inf = NaN). Divide by 1 instead.
+        alpha = rs / mx.where(done, one, mx.sum(p * ap))
         x_new = x + alpha * p
         r_new = r - alpha * ap
         rs_new = mx.sum(r_new * r_new)
-        p_new = r_new + (rs_new / rs) * p
+        p_new = r_new + (rs_new / mx.where(done, one, rs)) * p
         x = mx.where(done, x, x_new)
         r = mx.where(done, r, r_new)
         p = mx.where(done, p, p_new)
         rs = mx.where(done, rs, rs_new)
-        done = done | (mx.sqrt(rs) < tol)
+        done = done | (mx.sqrt(mx.stop_gradient(rs)) < tol)
         if concrete and it % 8 == 7:
             try:
                 if done.item():
@@ -233,3 +299,154 @@ def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
                     raise
                 concrete = False
     return x
+
+
+# -- derivatives of the CUDA kernels ---------------------------------------------------------------
+# MLX cannot differentiate an mx.fast.cuda_kernel: on a CUDA stream each kernel above runs inside
+# an mx.custom_function whose VJP and JVP are written in MLX primitives (the transpose gather or
+# scatter), with the conventions of the reference rules (backends/cpu/custom.py): indices have no
+# derivative, duplicates accumulate, scatter max/min ties share the cotangent equally, mul uses
+# the product of the other factors. The composed kernels are differentiated by MLX itself.
+# tests/test_custom_derivatives.py runs these wrappers on the CPU around the composed kernels.
+def _floating(a: mx.array) -> bool:
+    return mx.issubdtype(a.dtype, mx.floating)
+
+
+def with_derivatives(forward, vjp, jvp):
+    """``forward(*arrays)`` (one output) as an mx.custom_function differentiated by the rules
+    ``vjp(primals, cotangent, output) -> one cotangent per primal`` (None for an index array)
+    and ``jvp(primals, tangents) -> the output's tangent`` (tangents: None for an index array,
+    zeros for a floating input the caller does not differentiate).
+
+    The forward sees its inputs through mx.stop_gradient: MLX 0.32.4's mx.jvp otherwise walks
+    the graph inside the custom function too, and fails on the first primitive there without a
+    JVP ("[scatter] JVP not yet implemented", a cuda_kernel) before calling the custom JVP."""
+    fn = mx.custom_function(lambda *args: forward(*[mx.stop_gradient(a) for a in args]))
+
+    @fn.vjp
+    def _vjp(primals, cotangent, output):
+        res = vjp(primals, cotangent, output)
+        return tuple(mx.zeros_like(p) if g is None else g for p, g in zip(primals, res))
+
+    @fn.jvp
+    def _jvp(primals, tangents):
+        tans = [mx.zeros_like(p) if t is None and _floating(p) else (t if _floating(p) else None)
+                for p, t in zip(primals, tangents)]
+        return jvp(primals, tans)
+    return fn
+
+
+def _transpose_gather(cot: mx.array, coords: tuple[mx.array, ...], shape: tuple[int, ...]) -> mx.array:
+    """The VJP of ``x[coords]`` for x of ``shape``: the cotangent scatter-added to the positions
+    it was read from (repeats accumulate)."""
+    lead = np.broadcast_shapes(*[tuple(c.shape) for c in coords])
+    return mx.zeros(shape, cot.dtype).at[coords].add(cot.reshape(tuple(lead) + tuple(shape[len(coords):])))
+
+
+def gather_with_derivatives(forward, coords_of, view=None):
+    """A gather ``forward(data, indices)`` reading data (seen as ``view(data)``, default its own
+    shape) at ``coords_of(data, indices)``: VJP the transpose scatter-add, JVP the gather of the
+    tangent (it is linear in data)."""
+    def vjp(primals, cot, out):
+        data, idx = primals
+        shape = tuple(view(data)) if view else tuple(data.shape)
+        return _transpose_gather(cot, coords_of(data, idx), shape).reshape(data.shape), None
+
+    def jvp(primals, tans):
+        return forward(tans[0], primals[1])
+    return with_derivatives(forward, vjp, jvp)
+
+
+def _scatter_count(shape, coords, w: mx.array) -> mx.array:
+    """Per cell, the sum of ``w`` over the updates that target it."""
+    return mx.zeros(shape, w.dtype).at[coords].add(w)
+
+
+def _other_factors(shape, coords, w: mx.array) -> tuple[mx.array, mx.array]:
+    """Scatter mul: per cell the product of its updates, and per update the product of the other
+    updates of its cell, without dividing by a zero (a cell's zero factors counted apart)."""
+    zero = w == 0
+    nz = mx.where(zero, mx.ones_like(w), w)
+    zeros = _scatter_count(shape, coords, zero.astype(w.dtype))
+    prod_nz = mx.ones(shape, w.dtype).at[coords].multiply(nz)
+    total = mx.where(zeros > 0, mx.zeros_like(prod_nz), prod_nz)
+    z, p = zeros[coords], prod_nz[coords]
+    others = mx.where(zero, mx.where(z == 1, p, mx.zeros_like(p)),
+                      mx.where(z == 0, p / nz, mx.zeros_like(p)))
+    return total, others
+
+
+def _ties(data, coords, w, out) -> tuple[mx.array, mx.array, mx.array]:
+    """Scatter max/min: which of data and of the updates equal their cell's result, and how many
+    per cell (they share its cotangent equally, as the reference's rule)."""
+    hd = (data == out).astype(data.dtype)
+    hw = (w == out[coords]).astype(w.dtype)
+    return hd, hw, hd + _scatter_count(data.shape, coords, hw)
+
+
+def scatter_with_derivatives(forward, targets_of, reduction: str):
+    """A scatter ``forward(data, indices, updates)`` whose updates ``targets_of(data, indices,
+    updates) -> (coords, updates viewed per target)`` go to ``data[coords]``. none and add are
+    linear in (data, updates): JVP the scatter of the tangents; VJP the cotangent passed to data
+    (zero where none overwrote it) and gathered for the updates. mul and max/min: the reference's
+    rules (backends/cpu/custom.py) in MLX primitives."""
+    def vjp(primals, cot, out):
+        data, idx, updates = primals
+        coords, w = targets_of(data, idx, updates)
+        if reduction == "add":
+            gd, gw = cot, cot[coords]
+        elif reduction == "none":
+            hit = _scatter_count(data.shape, coords, mx.ones_like(w))
+            gd, gw = mx.where(hit > 0, mx.zeros_like(cot), cot), cot[coords]
+        elif reduction == "mul":
+            total, others = _other_factors(data.shape, coords, w)
+            gd, gw = cot * total, cot[coords] * data[coords] * others
+        else:
+            hd, hw, n = _ties(data, coords, w, out)
+            share = cot / n
+            gd, gw = share * hd, share[coords] * hw
+        return gd, None, gw.reshape(updates.shape)
+
+    def jvp(primals, tans):
+        data, idx, updates = primals
+        td, _, tu = tans
+        if reduction in ("none", "add"):
+            return forward(td, idx, tu)
+        coords, w = targets_of(data, idx, updates)
+        _, tw = targets_of(data, idx, tu)
+        if reduction == "mul":
+            total, others = _other_factors(data.shape, coords, w)
+            return td * total + data * _scatter_count(data.shape, coords, tw * others)
+        hd, hw, n = _ties(data, coords, w, forward(data, idx, updates))
+        return (td * hd + _scatter_count(data.shape, coords, tw * hw)) / n
+    return with_derivatives(forward, vjp, jvp)
+
+
+def spmv_with_derivatives(forward):
+    """``forward(values, col_idx, row_ptr, x) = A x``: VJP u[row k] x[col k] for the values and
+    Aᵀ u for x (a scatter-add by column); JVP A(tv) x + A tx (it is bilinear)."""
+    def vjp(primals, cot, out):
+        values, col_idx, row_ptr, x = primals
+        rows, cols = _csr(values, col_idx, row_ptr, x.shape[0])
+        gx = mx.zeros(x.shape, cot.dtype).at[cols].add(values * cot[rows])
+        return cot[rows] * x[cols], None, None, gx
+
+    def jvp(primals, tans):
+        values, col_idx, row_ptr, x = primals
+        return forward(tans[0], col_idx, row_ptr, x) + forward(values, col_idx, row_ptr, tans[3])
+    return with_derivatives(forward, vjp, jvp)
+
+
+def values_grad_with_derivatives(forward):
+    """``forward(col_idx, row_ptr, u, v) = u[row k] v[col k]``: VJP the cotangent times v summed
+    per row (u) and times u summed per column (v); JVP tu[row] v[col] + u[row] tv[col]."""
+    def vjp(primals, cot, out):
+        col_idx, row_ptr, u, v = primals
+        rows, cols = _csr(None, col_idx, row_ptr, v.shape[0])
+        return (None, None, mx.zeros(u.shape, cot.dtype).at[rows].add(cot * v[cols]),
+                mx.zeros(v.shape, cot.dtype).at[cols].add(cot * u[rows]))
+
+    def jvp(primals, tans):
+        col_idx, row_ptr, u, v = primals
+        return forward(col_idx, row_ptr, tans[2], v) + forward(col_idx, row_ptr, u, tans[3])
+    return with_derivatives(forward, vjp, jvp)

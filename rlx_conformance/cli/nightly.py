@@ -1,5 +1,5 @@
-"""``rlx-conformance nightly``: the whole matrix on every backend under test, every device this
-machine has and every mode, into a dated report dir (results.json, junit.xml, stats.json,
+"""``rlx-conformance nightly``: the whole matrix (its derivative cases too: ``--grad``, default all)
+on every backend under test, every device this machine has and every mode, into a dated report dir (results.json, junit.xml, stats.json,
 diff.json, report.html, repro/ bundles of the failing cases, exhaustive.json of the float16 /
 bfloat16 sweep), diffed against the committed baseline and the tolerance lock. Exit 1 on
 a regression (diff.py says what counts), not on known or baseline failures: the nightly gates on
@@ -21,7 +21,9 @@ from rlx_conformance.cli.diff import (
 )
 from rlx_conformance.cli.exhaustive import print_table
 from rlx_conformance.cli.options import (
+    add_grad_option,
     check_devices,
+    grads,
     print_summary,
     progress,
     split,
@@ -79,7 +81,7 @@ def write_stats(path: Path, cases: list[records.Record]) -> None:
 
 def cmd_nightly(args) -> int:
     tgs = targets(args)
-    cases = build_cases(tgs, split(args.ops), split(args.dtypes), tf32=args.tf32)
+    cases = build_cases(tgs, split(args.ops), split(args.dtypes), tf32=args.tf32, grads=grads(args))
     if not cases:
         raise RlxError("no cases selected")
     tholds = thresholds(args)  # bad options fail before the run, not after it
@@ -148,6 +150,7 @@ def register(sub) -> None:
     p.add_argument("--dtypes", action="append", metavar="GLOB", help="dtype globs (default: all)")
     p.add_argument("--tf32", choices=("on", "off", "both"), default=None,
                    help="MLX_ENABLE_TF32 for the workers, as for `run` (default: as the environment says)")
+    add_grad_option(p)
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run (default 60)")
     p.add_argument("--show", type=int, default=25, help="rows per list in the terminal (default 25)")

@@ -66,7 +66,11 @@ def _listing(args: argparse.Namespace) -> int:
                "dtypes": list(spec.dtypes), "backends": {},
                "differentiable": spec.differentiable,
                "not_differentiable": spec.not_differentiable_reason() or None,
+               "grad_values": list(spec.grad_values),
                "declared_at": declaration_at(spec)}
+        # What the reference's derivative returns at kinks, ties and domain edges.
+        rule = backends["cpu"].derivatives.get(spec.name) if "cpu" in backends else None
+        row["convention"] = (rule.convention or None) if rule is not None else None
         for bname, b in backends.items():
             e = b.kernels.get(spec.name)
             row["backends"][bname] = None if e is None else {

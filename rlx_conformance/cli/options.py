@@ -1,5 +1,6 @@
 """Options and output shared by several commands: matrix selection (--backend/--device/--mode/
---ops/--dtypes/--tf32, the devices checked against this machine: check_devices), case ids
+--ops/--dtypes/--tf32, --grad: add_grad_option, the devices checked against this machine:
+check_devices), case ids
 (find_cases), sharding and sampling, the progress bar and the end-of-run summary (text through
 cli/_output.py, or summary_doc for --format json)."""
 from __future__ import annotations
@@ -24,7 +25,12 @@ from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.matrix import DTYPE_ABBREVIATIONS, Case, Target
 from rlx_conformance.judge.stability import classify, summary_line
-from rlx_conformance.run.session import backend_targets, build_cases, find_case
+from rlx_conformance.run.session import (
+    backend_targets,
+    build_cases,
+    find_case,
+    grad_kinds,
+)
 
 # Still failing, known divergences included (a run fails only on core.results.RUN_FAILING):
 # what `repro` exits 1 on and what the end-of-run summary counts per op.
@@ -48,6 +54,18 @@ def add_matrix_options(p: argparse.ArgumentParser) -> None:
                    help="MLX_ENABLE_TF32 for the workers; the float32 matmul/conv family on a GPU "
                         "runs as target variant tf32:on / tf32:off, both ways with 'both' "
                         "(default: as the environment says)")
+
+
+def add_grad_option(p: argparse.ArgumentParser) -> None:
+    """--grad: which derivative cases (issue 16) join the forward ones (session.grad_kinds)."""
+    p.add_argument("--grad", default="all", metavar="KINDS",
+                   help="derivative cases to run besides the forward ones: all (default), none, "
+                        "or kinds among vjp, jvp, hvp, comma-separated")
+
+
+def grads(args) -> tuple[str, ...]:
+    """The derivative kinds of --grad (a bad word is a one-line usage error)."""
+    return grad_kinds(args.grad)
 
 
 _WARNED: set[str] = set()  # device warnings already printed by this process
@@ -102,7 +120,7 @@ def _close_ids(case_id: str) -> str:
     parts = case_id.split("/")
     t = Target.parse(parts[-1])
     ids = [c.id for c in build_cases([Target(t.backend, t.device, t.mode)], ops=[parts[0]],
-                                     tf32="both" if t.variant else None)]
+                                     tf32="both" if t.variant else None, grads=grad_kinds("all"))]
     close = difflib.get_close_matches(case_id, ids, n=3, cutoff=0.8)
     return f" (did you mean {' or '.join(out.quote(i) for i in close)}?)" if close else ""
 

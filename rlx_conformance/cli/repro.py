@@ -23,8 +23,8 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help=f"seconds before the case counts as hung (default {DEFAULT_TIMEOUT:g})")
     out.add_format_option(p, help="text (default) or json (schema rlx-conformance/repro/v1: id, "
-                                  "outcome, message, max_ulp, max_abs_err, max_rel_err, divergence, "
-                                  "bundle, repro_py, exit)")
+                                  "grad (the derivative kind, \"\" for the forward), outcome, message, max_ulp, "
+                                  "max_abs_err, max_rel_err, divergence, bundle, repro_py, exit)")
     p.set_defaults(fn=cmd_repro)
 
 
@@ -37,7 +37,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     folder = report / r.repro if r.repro else None
     script = folder / "repro.py" if folder is not None and (folder / "repro.py").is_file() else None
     if args.format == "json":
-        out.emit_json("repro", {"id": r.id, "outcome": r.outcome, "message": r.message,
+        out.emit_json("repro", {"id": r.id, "grad": r.grad, "outcome": r.outcome, "message": r.message,
                                 "max_ulp": r.max_ulp, "max_abs_err": r.max_abs_err,
                                 "max_rel_err": r.max_rel_err,
                                 "divergence": (r.divergence or {}).get("entry"),

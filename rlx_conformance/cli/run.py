@@ -12,8 +12,10 @@ from rlx_conformance.cli import _output as out
 from rlx_conformance.cli.exhaustive import add_run_option as add_exhaustive_option
 from rlx_conformance.cli.exhaustive import sweep_after_run
 from rlx_conformance.cli.options import (
+    add_grad_option,
     add_matrix_options,
     find_cases,
+    grads,
     parse_shard,
     print_summary,
     progress,
@@ -37,12 +39,18 @@ from rlx_conformance.run.session import (
 def cmd_run(args) -> int:
     if args.repeat < 1 or args.sample < 1:
         raise RlxError("--repeat and --sample want a count >= 1")
+    kinds = grads(args)
     if args.case:
         cases = find_cases(args.case)
     else:
-        cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32)
+        cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32, grads=kinds)
+        if args.no_forward:
+            if not kinds:
+                raise RlxError("--no-forward runs the derivative cases alone; --grad none leaves none")
+            cases = [c for c in cases if c.grad]
     chosen = selection(cases, ops=split(args.ops), dtypes=split(args.dtypes), tf32=args.tf32,
-                       sample=args.sample, case_ids=args.case)  # before the shard takes its part
+                       sample=args.sample, case_ids=args.case, grads=kinds,
+                       forward=not (args.no_forward and not args.case))  # before the shard takes its part
     shard = None
     if args.shard:
         i, n = parse_shard(args.shard)
@@ -101,6 +109,9 @@ def cmd_run(args) -> int:
 def register(sub) -> None:
     r = sub.add_parser("run", help="run the case matrix (or --case IDs) and write results.json")
     add_matrix_options(r)
+    add_grad_option(r)
+    r.add_argument("--no-forward", action="store_true",
+                   help="run only the derivative cases (--grad) of the selection, not the ops themselves")
     r.add_argument("--case", action="append", metavar="ID", help="run exactly this case id (repeatable)")
     r.add_argument("--report", metavar="DIR", help="report directory (default: reports/run-<time>)")
     r.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")

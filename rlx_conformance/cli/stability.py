@@ -30,6 +30,8 @@ HEADER = """\
 # (rlx_conformance/judge/stability.py: enforce). Groups absent here are mode-dependent,
 # nondeterministic or not measured; `rlx-conformance stability RESULTS.json` lists them.
 # A group applies on its host (OS-architecture) only: libm, SIMD and the JIT's compiler differ.
+# A derivative's groups are named op:KIND (tanh:vjp, softmax:hvp): recorded and enforced apart
+# from the op's forward outputs.
 #
 # Format: one [[stable]] table per (backend, device, host, modes); each [[stable.ops]] under it
 # lists ops recorded in the same dtypes. A table with fewer modes than another of the same

@@ -15,6 +15,7 @@ from rich.table import Table
 from rlx_conformance.cli import _output as out
 from rlx_conformance.cli.options import check_devices, split
 from rlx_conformance.core import results as res
+from rlx_conformance.run.session import grad_kinds
 from rlx_conformance.run.validate import rerun_command, validate
 
 SHOWN = ("pass", "fail", "xfail", "error", "contract", "crash", "timeout", "skip")
@@ -35,6 +36,10 @@ def register(sub) -> None:
     p.add_argument("--mode", default=None, help="eager, lazy or compiled (default: $RLX_MLX_MODE, else compiled)")
     p.add_argument("--dtypes", action="append", metavar="GLOB", help="only these dtypes (globs)")
     p.add_argument("--case", action="append", metavar="ID", help="only this case id of OP's matrix (repeatable)")
+    p.add_argument("--grad", nargs="?", const="all", default="none", metavar="KINDS",
+                   help="the op's derivative cases too, through the kernel (its mx.custom_function VJP/JVP "
+                        "if it has one, else MLX's autodiff through it): all kinds the op declares when "
+                        "given alone, or some of vjp, jvp, hvp, comma-separated (default: none)")
     p.add_argument("--report", metavar="DIR", help="report directory (default: reports/validate-OP-<time>)")
     p.add_argument("--fuzz", type=int, default=0, metavar="N",
                    help="after the matrix, N hypothesis examples of the op's input space (default 0)")
@@ -66,7 +71,7 @@ def cmd_validate(args) -> int:
                      dtypes=split(args.dtypes), case_ids=args.case, report_dir=Path(args.report) if args.report else None,
                      workers=args.workers, timeout=args.timeout, fuzz=args.fuzz,
                      derandomize=args.derandomize, strict=args.strict, speed_cases=args.speed_cases,
-                     on_stage=stage)
+                     on_stage=stage, grads=grad_kinds(args.grad))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -81,14 +86,14 @@ def _table(title: str, key: str, v) -> object:
     counts = v.counts(key)
     cols = [o for o in SHOWN if o in ("pass", "fail") or any(c[o] for c in counts.values())]
     t = Table(title=title, title_justify="left")
-    t.add_column(key if key == "dtype" else "shape family")
+    t.add_column({"dtype": "dtype", "grad": "derivative"}.get(key, "shape family"))
     t.add_column("run", justify="right")
     for o in cols:
         t.add_column(o, justify="right", style="red" if o in res.RUN_FAILING else None)
     for name in sorted(counts, key=lambda k: (-sum(counts[k].values()), k)) if key == "family" else counts:
         c = counts[name]
         run = sum(n for o, n in c.items() if o != "skip")
-        t.add_row(name, str(run), *[str(c[o]) if c[o] else "" for o in cols])
+        t.add_row(name or "forward", str(run), *[str(c[o]) if c[o] else "" for o in cols])
     return t
 
 
@@ -140,7 +145,8 @@ def _positions(console, r, indent: int) -> None:
             vals.append(f"built-in {row['builtin']}")
         if "actual" in row:
             vals.append(f"contributed {row['actual']}")
-        at = f"output {row['output']} at {tuple(row['at'])}"
+        # a derivative case's row names its derivative (run.validate.derivative_label)
+        at = f"{row.get('of') or 'output ' + str(row.get('output'))} at {tuple(row['at'])}"
         _line(console, f"{at}: {', '.join(vals)}" + (f"  <- {row['from']}" if row.get("from") else ""), indent)
 
 
@@ -166,6 +172,8 @@ def print_verdict(v, show: int = 5) -> None:
                   f"({summary['total']} cases, {v.wall_s:.1f} s)", soft_wrap=True)
     console.print(_table("by dtype", "dtype", v))
     console.print(_table("by shape family", "family", v))
+    if v.grads:
+        console.print(_table("by derivative", "grad", v))
     attrs = _attr_table(v)
     if attrs is not None:
         console.print(attrs)
@@ -181,6 +189,9 @@ def print_verdict(v, show: int = 5) -> None:
         for i, r in enumerate(worst, 1):
             _line(console, f"{i}. {r.id}" + (" (xfail)" if r.outcome == "xfail" else ""))
             _line(console, _figures(r), 3)
+            wrong = (r.mismatch or {}).get("derivatives")
+            if wrong:
+                _line(console, "wrong derivative: " + ", ".join(wrong), 3)
             for m in out.message_lines(r.message):
                 _line(console, m, 3)
             _positions(console, r, 3)
@@ -244,6 +255,8 @@ def print_verdict(v, show: int = 5) -> None:
         else:
             console.print(line + "; no failure" + (f" ({f.note})" if f.note else ""))
 
+    for note in v.notes:
+        console.print(f"note: {escape(note)}", soft_wrap=True)
     bad = v.bad_cases
     parts = [f"{summary[o]} {o}" for o in res.OUTCOMES if summary[o]]
     console.print("cases: " + ", ".join(parts))

@@ -75,6 +75,14 @@ def mode_label(r: Any) -> str:
     return f"{_get(r, 'mode')}-{v}" if v else _get(r, "mode")
 
 
+def subject(r: Any) -> str:
+    """What a record's outputs are of: its op for a forward case, ``op:KIND`` for a derivative
+    case (CaseResult.grad: vjp, jvp, hvp), so that an op's forward and derivative outputs are
+    grouped, compared, recorded and enforced apart (a record without the field is a forward one)."""
+    g = _get(r, "grad")
+    return f"{_get(r, 'op')}:{g}" if g else _get(r, "op")
+
+
 def input_id(r: Any) -> str:
     """The case id without its target: the same inputs (and reference) in every mode."""
     return _get(r, "id").rsplit("/", 1)[0]
@@ -141,7 +149,7 @@ class _Group:
         return "unknown"
 
 
-GroupKey = tuple[str, str, str, str, str]  # op, dtype, backend, device, mode
+GroupKey = tuple[str, str, str, str, str]  # subject (op or op:KIND), dtype, backend, device, mode
 
 
 def _groups(results: Iterable[Any]) -> dict[GroupKey, _Group]:
@@ -152,8 +160,8 @@ def _groups(results: Iterable[Any]) -> dict[GroupKey, _Group]:
         ds = digests_of(r)
         if not ds:
             continue
-        op, dtype, backend, device = (_get(r, k) for k in ("op", "dtype", "backend", "device"))
-        mode = mode_label(r)
+        dtype, backend, device = (_get(r, k) for k in ("dtype", "backend", "device"))
+        op, mode = subject(r), mode_label(r)
         g = groups.setdefault((op, dtype, backend, device, mode), _Group())
         g.cases += 1
         if len(ds) > 1:
@@ -180,7 +188,8 @@ def _groups(results: Iterable[Any]) -> dict[GroupKey, _Group]:
 def classify(results: Iterable[Any]) -> dict[str, Any]:
     """The ``stability`` section of results.json: counts per class and one entry per
     (op, dtype, backend, device, mode) group that produced output, from the records alone
-    (CaseResults or their JSON dicts)."""
+    (CaseResults or their JSON dicts). A derivative group's ``op`` is its :func:`subject`
+    ("tanh:vjp"), so cases/bit_stable.toml records and enforces it apart from the forward."""
     groups = _groups(results)
     entries = []
     for (op, dtype, backend, device, mode), g in sorted(groups.items()):
@@ -334,7 +343,7 @@ def enforce(results: list[Any], recorded: Mapping[RecordKey, frozenset[str]] | N
     where = f"a group recorded bit-stable in cases/{RECORDED_FILE}"
     by_input: dict[tuple[str, str, str, str], list[Any]] = defaultdict(list)
     for r in results:
-        modes = recorded.get((r.op, r.dtype, r.backend, r.device))
+        modes = recorded.get((subject(r), r.dtype, r.backend, r.device))
         if modes is None or mode_label(r) not in modes or r.outcome not in _ENFORCED or not digests_of(r):
             continue
         by_input[(input_id(r), r.backend, r.device, getattr(r, "variant", ""))].append(r)

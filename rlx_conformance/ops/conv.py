@@ -130,7 +130,7 @@ declare(name="pool", family="conv",
         doc="max or average pooling, NCHW, 1-D or 2-D (len(kernel_size)); stride () = the window; "
             "padding never wins a max and is excluded from an average (ONNX count_include_pad=0); "
             "max propagates NaN",
-        inputs=(Input("x", domain="conv_x", ranks=(3, 4)),), dtypes=FLOATS,
+        inputs=(Input("x", domain="conv_x", ranks=(3, 4)),), dtypes=FLOATS, grad_values=("ties",),
         attrs=(Attr("kind", "enum", default="max", choices=("max", "avg"), sweep=("max", "avg")),
                Attr("kernel_size", "ints", sweep=((3,), (16, 12))),
                Attr("stride", "ints", default=(), sweep=((), (1,)), doc="() = kernel_size"),

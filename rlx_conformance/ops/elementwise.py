@@ -88,23 +88,26 @@ PIECEWISE_CONSTANT = ("piecewise constant: the derivative is 0 wherever it exist
 
 @declaration_helper
 def unary(name: str, doc: str, *, domain: str = "real", policy: Policy = APPROX,
-          not_differentiable: str = "") -> OpSpec:
+          not_differentiable: str = "", grad_values: tuple[str, ...] = (),
+          second_order: bool = False) -> OpSpec:
     """A float activation: one input ``x`` drawn from ``domain``, output of x's shape and dtype."""
     return declare(name=name, family="activation", doc=doc,
                    inputs=(Input("x", domain=domain),), dtypes=dt.FLOATS,
                    infer=infer.same, shapes="unary", policy=policy, error_inputs=_activation_errors,
-                   not_differentiable=not_differentiable)
+                   not_differentiable=not_differentiable, grad_values=grad_values,
+                   second_order=second_order)
 
 
 @declaration_helper
 def binary(name: str, doc: str, *, dtypes: tuple[str, ...] = dt.NUMERIC,
            domains: tuple[str, str] = ("real", "real"), policy: Policy = IEEE,
-           undefined: Callable[..., np.ndarray | None] | None = None) -> OpSpec:
+           undefined: Callable[..., np.ndarray | None] | None = None,
+           grad_values: tuple[str, ...] = ()) -> OpSpec:
     """Two inputs ``a``, ``b`` of one dtype, broadcast (numpy rules), drawn from ``domains``."""
     return declare(name=name, family="binary", doc=doc,
                    inputs=(Input("a", domain=domains[0]), Input("b", domain=domains[1])), dtypes=dtypes,
                    infer=infer.elementwise, shapes="binary", policy=policy,
-                   error_inputs=_broadcast_errors(dtypes),
+                   error_inputs=_broadcast_errors(dtypes), grad_values=grad_values,
                    **({"undefined": undefined} if undefined else {}))
 
 
@@ -118,46 +121,52 @@ def comparison(name: str, doc: str) -> OpSpec:
 
 
 # -- activations ---------------------------------------------------------------------------------
-unary("gelu", "x * Phi(x), exact erf form", domain="gelu")
-unary("gelu_approx", "tanh form: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))", domain="gelu")
-unary("silu", "x * sigmoid(x)", domain="sigmoid")
-unary("relu", "max(x, 0)", policy=EXACT)
-unary("sigmoid", "1 / (1 + e^-x)", domain="sigmoid")
-unary("tanh", "hyperbolic tangent", domain="sigmoid")
-unary("exp", "e^x", domain="exp")
-unary("log", "natural log; log(0) = -inf, log(x<0) = NaN", domain="positive")
-unary("sqrt", "square root (IEEE, correctly rounded)", domain="positive")
-unary("rsqrt", "1 / sqrt(x)", domain="positive")
+unary("gelu", "x * Phi(x), exact erf form", domain="gelu", second_order=True)
+unary("gelu_approx", "tanh form: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))", domain="gelu",
+      second_order=True)
+unary("silu", "x * sigmoid(x)", domain="sigmoid", second_order=True)
+unary("relu", "max(x, 0)", policy=EXACT, grad_values=("kink",))
+unary("sigmoid", "1 / (1 + e^-x)", domain="sigmoid", second_order=True)
+unary("tanh", "hyperbolic tangent", domain="sigmoid", second_order=True)
+unary("exp", "e^x", domain="exp", second_order=True)
+unary("log", "natural log; log(0) = -inf, log(x<0) = NaN", domain="positive", grad_values=("near_zero",),
+      second_order=True)
+unary("sqrt", "square root (IEEE, correctly rounded)", domain="positive", grad_values=("near_zero",),
+      second_order=True)
+unary("rsqrt", "1 / sqrt(x)", domain="positive", grad_values=("near_zero",), second_order=True)
 unary("neg", "-x", policy=EXACT_SZ)
-unary("abs", "|x|", policy=EXACT_SZ)
+unary("abs", "|x|", policy=EXACT_SZ, grad_values=("kink",))
 unary("sin", "sine", domain="trig")
 unary("cos", "cosine", domain="trig")
 unary("tan", "tangent", domain="trig")
 unary("atan", "arc tangent")
-unary("recip", "1 / x")
+unary("recip", "1 / x", grad_values=("near_zero",))
 unary("round", "round half to even", domain="rounding", policy=EXACT_SZ,
       not_differentiable=PIECEWISE_CONSTANT)
 unary("floor", "floor", domain="rounding", policy=EXACT_SZ, not_differentiable=PIECEWISE_CONSTANT)
 unary("ceil", "ceil", domain="rounding", policy=EXACT_SZ, not_differentiable=PIECEWISE_CONSTANT)
 unary("sign", "-1, 0 or 1; sign(NaN) = NaN", policy=EXACT, not_differentiable=PIECEWISE_CONSTANT)
-unary("softplus", "log(1 + e^x), computed stably", domain="softplus")
-unary("elu", "x if x > 0 else e^x - 1 (alpha 1)", domain="exp")
-unary("erf", "error function")
-unary("hard_swish", "x * clamp(x + 3, 0, 6) / 6", domain="hard")
-unary("hard_sigmoid", "clamp(x / 6 + 1/2, 0, 1)", domain="hard")
-unary("mish", "x * tanh(softplus(x))", domain="softplus")
-unary("softsign", "x / (1 + |x|)")
-unary("log_sigmoid", "min(x, 0) - log1p(e^-|x|)", domain="softplus")
+unary("softplus", "log(1 + e^x), computed stably", domain="softplus", second_order=True)
+unary("elu", "x if x > 0 else e^x - 1 (alpha 1)", domain="exp", grad_values=("kink",),
+      second_order=True)
+unary("erf", "error function", second_order=True)
+unary("hard_swish", "x * clamp(x + 3, 0, 6) / 6", domain="hard", grad_values=("kink",),
+      second_order=True)
+unary("hard_sigmoid", "clamp(x / 6 + 1/2, 0, 1)", domain="hard", grad_values=("kink",))
+unary("mish", "x * tanh(softplus(x))", domain="softplus", second_order=True)
+unary("softsign", "x / (1 + |x|)", grad_values=("kink",), second_order=True)
+unary("log_sigmoid", "min(x, 0) - log1p(e^-|x|)", domain="softplus", second_order=True)
 
 # -- binary ops ----------------------------------------------------------------------------------
 binary("add", "a + b (ints wrap)")
 binary("sub", "a - b (ints wrap)")
 binary("mul", "a * b (ints wrap)")
 binary("div", "a / b; ints truncate toward zero", domains=("real", "divisor"),
-       undefined=_int_div_undefined)
-binary("max", "elementwise max, NaN-propagating", policy=EXACT)
-binary("min", "elementwise min, NaN-propagating", policy=EXACT)
-binary("pow", "a ** b", dtypes=dt.FLOATS, domains=("pow_base", "pow_exp"), policy=APPROX)
+       undefined=_int_div_undefined, grad_values=("near_zero",))
+binary("max", "elementwise max, NaN-propagating", policy=EXACT, grad_values=("ties",))
+binary("min", "elementwise min, NaN-propagating", policy=EXACT, grad_values=("ties",))
+binary("pow", "a ** b", dtypes=dt.FLOATS, domains=("pow_base", "pow_exp"), policy=APPROX,
+       grad_values=("near_zero",))
 binary("mod", "C fmod: sign of the dividend", domains=("real", "divisor"), policy=EXACT_SZ,
        undefined=_int_div_undefined)
 binary("bit_and", "bitwise and", dtypes=dt.INTS + ("bool",), domains=("bits", "bits"), policy=EXACT)
@@ -191,7 +200,7 @@ declare(name="fma", family="select", doc="a*b + c with a single rounding",
 declare(name="clamp", family="select", doc="min(max(x, min), max), bounds converted to x's dtype",
         inputs=(Input("x", domain="clamp"),), dtypes=dt.NUMERIC,
         attrs=(Attr("min", "float", sweep=(-3.0, 0.0)), Attr("max", "float", sweep=(5.0, 6.0))),
-        infer=infer.clamp, shapes="unary", policy=EXACT,
+        infer=infer.clamp, shapes="unary", policy=EXACT, grad_values=("kink",),
         error_inputs=lambda: [("min > max", [_arr(3, "float32")], {"min": 5.0, "max": 1.0})])
 
 

@@ -153,7 +153,8 @@ def norm(name: str, doc: str, *, attrs: tuple[Attr, ...], infer: Infer, shapes: 
     ``spread`` class (rows of large mean and small variance) shows a one-pass variance."""
     return declare(name=name, family="norm", doc=doc, inputs=inputs, dtypes=FLOATS, attrs=attrs,
                    infer=infer, shapes=shapes, values=values,
-                   policy=Policy(bound=bound, bound_reason=bound_reason), error_inputs=error_inputs)
+                   policy=Policy(bound=bound, bound_reason=bound_reason), error_inputs=error_inputs,
+                   second_order=True)  # every norm has a reference HVP (backends/cpu/nn.py)
 
 
 norm("layer_norm", "(x - mean) / sqrt(var + eps) * gamma + beta over x.shape[axis:] (ONNX "

@@ -73,12 +73,13 @@ def _bounded(bound: Callable[..., np.ndarray], reason: str) -> Policy:
 
 @declaration_helper
 def reduction(name: str, doc: str, *, dtypes: tuple[str, ...] = dt.NUMERIC, policy: Policy = EXACT,
-              domain: str = "real", empty_axis: bool = False, values: tuple[str, ...] = SPREAD) -> OpSpec:
+              domain: str = "real", empty_axis: bool = False, values: tuple[str, ...] = SPREAD,
+              grad_values: tuple[str, ...] = ()) -> OpSpec:
     """A reduction over ``axes`` with ``keep_dim``; ``empty_axis``: reducing an empty axis is an
     error (no identity)."""
     return declare(name=name, family="reduce", doc=doc, inputs=(Input("x", domain=domain),),
                    dtypes=dtypes, attrs=(_AXES, _KEEP), infer=infer.reduce, shapes="reduce",
-                   values=values, policy=policy,
+                   values=values, policy=policy, grad_values=grad_values,
                    error_inputs=_axis_errors(dtypes, "axes", empty_axis=empty_axis))
 
 
@@ -93,12 +94,12 @@ def arg_reduction(name: str, doc: str) -> OpSpec:
 
 @declaration_helper
 def scan(name: str, doc: str, *, policy: Policy = EXACT, domain: str = "real",
-         values: tuple[str, ...] = SPREAD) -> OpSpec:
+         values: tuple[str, ...] = SPREAD, grad_values: tuple[str, ...] = ()) -> OpSpec:
     """A running reduction along ``axis`` with ``exclusive`` and ``reverse``."""
     return declare(name=name, family="scan", doc=doc + " (exclusive: shifted by one, identity first; "
                    "reverse: from the end)", inputs=(Input("x", domain=domain, ranks=(1, None)),), dtypes=dt.NUMERIC,
                    attrs=_SCAN_ATTRS, infer=infer.along_axis, shapes="reduce", values=values,
-                   policy=policy, error_inputs=_axis_errors(dt.NUMERIC, "axis"))
+                   policy=policy, error_inputs=_axis_errors(dt.NUMERIC, "axis"), grad_values=grad_values)
 
 
 # -- reductions ----------------------------------------------------------------------------------
@@ -106,8 +107,8 @@ reduction("reduce_sum", "sum; ints wrap",
           policy=_bounded(sum_bound, "any summation order: 2*gamma_(n-1)*sum|x|"), values=ACCUMULATE)
 reduction("reduce_mean", "arithmetic mean", dtypes=dt.FLOATS,
           policy=_bounded(mean_bound, "sum bound / n"), values=ACCUMULATE)
-reduction("reduce_max", "max, NaN-propagating", empty_axis=True)
-reduction("reduce_min", "min, NaN-propagating", empty_axis=True)
+reduction("reduce_max", "max, NaN-propagating", empty_axis=True, grad_values=("ties",))
+reduction("reduce_min", "min, NaN-propagating", empty_axis=True, grad_values=("ties",))
 reduction("reduce_prod", "product; ints wrap", domain="near_one",
           policy=_bounded(prod_bound, "n-1 roundings: 2*gamma_(n-1)*|prod|"), values=ACCUMULATE)
 
@@ -118,11 +119,11 @@ declare(name="softmax", family="reduce", doc="exp(x - max) / sum exp(x - max) al
         inputs=(Input("x", domain="real", ranks=(1, None)),), dtypes=dt.FLOATS, attrs=(_AXIS,),
         infer=infer.along_axis, shapes="reduce", values=ACCUMULATE,
         policy=_bounded(softmax_bound, "2(n+4)u relative + smallest-normal floor"),
-        error_inputs=_axis_errors(dt.FLOATS, "axis"))
+        error_inputs=_axis_errors(dt.FLOATS, "axis"), second_order=True)
 
 # -- scans ---------------------------------------------------------------------------------------
 scan("cumsum", "running sum; ints wrap",
      policy=_bounded(cumsum_bound, "running sum: 2*gamma_(n-1)*cumsum|x|"), values=ACCUMULATE)
 scan("cum_prod", "running product; ints wrap", domain="near_one",
      policy=_bounded(cumprod_bound, "running product: 2*gamma_(n-1)*|cumprod|"), values=ACCUMULATE)
-scan("cum_max", "running max, NaN-propagating")
+scan("cum_max", "running max, NaN-propagating", grad_values=("ties",))

@@ -347,4 +347,4 @@ declare(name="softmax_cross_entropy", family="loss", doc="per row (last axis = c
                               ("scalar logits", [_f32(), _f32()], {}),
                               ("integer targets", [_f32(2, 3), np.ones((2, 3), np.int32)], {})],
         policy=Policy(bound=xent_bound, bound_reason="log-sum-exp and summation error: see "
-                      "xent_bound"))
+                      "xent_bound"), second_order=True)

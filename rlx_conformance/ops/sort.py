@@ -31,14 +31,15 @@ _DESC = Attr("descending", "bool", default=False, sweep=(False, True))
 
 @declaration_helper
 def sort_op(name: str, doc: str, *, attrs: tuple[Attr, ...], infer: Infer,
-            error_inputs: ErrorInputs, not_differentiable: str = "") -> OpSpec:
+            error_inputs: ErrorInputs, not_differentiable: str = "",
+            grad_values: tuple[str, ...] = ()) -> OpSpec:
     """One input ``x`` of any dtype, values only moved: bit-exact, kept in their dtype.
     "special" draws half of each input from the domain (many ties) and half from the specials
     (NaN, +-inf, +-0, subnormals, extremes): ties, NaN order and signed zeros in one case."""
     return declare(name=name, family="sort", doc=doc, inputs=(Input("x", domain="sort", ranks=(1, None)),),
                    dtypes=dt.ALL, attrs=attrs, infer=infer, shapes="sort", values=("special",),
                    policy=EXACT, low_precision="native", error_inputs=error_inputs,
-                   not_differentiable=not_differentiable)
+                   not_differentiable=not_differentiable, grad_values=grad_values)
 
 
 def infer_sort(spec, shapes, dtypes, attrs):
@@ -67,13 +68,13 @@ def infer_top_k(spec, shapes, dtypes, attrs):
 
 
 sort_op("sort", "sorted copy along axis (stable; NaN last ascending, first descending)",
-        attrs=(_AXIS, _DESC), infer=infer_sort, error_inputs=_sort_errors)
+        attrs=(_AXIS, _DESC), infer=infer_sort, error_inputs=_sort_errors, grad_values=("ties",))
 sort_op("arg_sort", "int64 indices that stably sort x along axis (NaN last ascending, first "
         "descending)", attrs=(_AXIS, _DESC), infer=infer_sort, error_inputs=_sort_errors,
         not_differentiable="int64 indices: piecewise constant in x")
 sort_op("top_k", "the k largest along the last axis, descending: values and int64 indices; ties "
         "go to the smaller index; NaN ranks above +inf",
-        attrs=(Attr("k", "int", sweep=(1, 5)),), infer=infer_top_k,
+        attrs=(Attr("k", "int", sweep=(1, 5)),), infer=infer_top_k, grad_values=("ties",),
         error_inputs=lambda: [("k past the last axis", [np.ones((2, 3), np.float32)], {"k": 4}),
                               ("negative k", [np.ones((2, 3), np.float32)], {"k": -1}),
                               ("scalar input", [np.ones((), np.float32)], {"k": 1}),

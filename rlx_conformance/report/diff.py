@@ -33,6 +33,7 @@ from rlx_conformance.report.records import (
     is_bad,
     key_str,
     measure,
+    split_subject,
     target,
 )
 from rlx_conformance.report.stats import Dist, Errors, distributions
@@ -77,16 +78,20 @@ def _eps(dtype: str) -> float:
 @dataclass(frozen=True)
 class Selection:
     """The part of the matrix a run holds: op and dtype globs, targets (None: all of them), and
-    whether it is a shard, a sample or a list of case ids. ``recorded``: read from
-    ``run.selection`` (else inferred from the run's records, for a run that has none)."""
+    whether it is a shard, a sample or a list of case ids. ``grads``: the derivative kinds it ran
+    besides the forward (None: every kind; (): the forward alone, as a run recorded before
+    derivative cases existed). ``recorded``: read from ``run.selection`` (else inferred from the
+    run's records, for a run that has none)."""
 
     ops: tuple[str, ...] | None = None
     dtypes: tuple[str, ...] | None = None
+    grads: tuple[str, ...] | None = None
     targets: tuple[str, ...] | None = None
     cases: tuple[str, ...] | None = None
     shard: str | None = None
     sample: int = 1
     recorded: bool = True
+    forward: bool = True  # false: the derivatives alone (run --no-forward)
 
     @classmethod
     def of(cls, report: Report) -> Selection:
@@ -94,10 +99,13 @@ class Selection:
         sel = report.run.get("selection")
         targets = report.run.get("targets") or sorted({target(r) for r in report.cases})
         if isinstance(sel, dict):
-            return cls(ops=_tuple(sel.get("ops")), dtypes=_tuple(sel.get("dtypes")), targets=tuple(targets),
-                       cases=_tuple(sel.get("case")), shard=sel.get("shard"), sample=int(sel.get("sample") or 1))
+            return cls(ops=_tuple(sel.get("ops")), dtypes=_tuple(sel.get("dtypes")),
+                       grads=tuple(sel.get("grad") or ()), targets=tuple(targets),
+                       cases=_tuple(sel.get("case")), shard=sel.get("shard"), sample=int(sel.get("sample") or 1),
+                       forward=sel.get("forward", True) is not False)
         return cls(ops=tuple(sorted({r["op"] for r in report.cases})),
-                   dtypes=tuple(sorted({r["dtype"] for r in report.cases})), targets=tuple(targets),
+                   dtypes=tuple(sorted({r["dtype"] for r in report.cases})),
+                   grads=tuple(sorted({r.get("grad") for r in report.cases} - {None, ""})), targets=tuple(targets),
                    shard=report.run.get("shard"), recorded=False)
 
     @property
@@ -106,20 +114,27 @@ class Selection:
         return self.shard is not None or self.sample > 1
 
     def holds(self, rec: Record) -> bool:
-        """Whether ``rec``'s case is inside the selection's ops, dtypes, targets and ids."""
+        """Whether ``rec``'s case is inside the selection's ops, dtypes, derivative kinds, targets
+        and ids."""
         return ((self.cases is None or rec["id"] in self.cases)
+                and (self.grads is None or not rec.get("grad") or rec["grad"] in self.grads)
+                and (self.forward or bool(rec.get("grad")))
                 and (self.ops is None or any(fnmatchcase(rec["op"], g) for g in self.ops))
                 and (self.dtypes is None or any(fnmatchcase(rec["dtype"], g) for g in self.dtypes))
                 and (self.targets is None or target(rec) in self.targets))
 
     def to_json(self) -> dict[str, Any]:
-        return {"ops": _list(self.ops), "dtypes": _list(self.dtypes), "targets": _list(self.targets),
+        return {"ops": _list(self.ops), "dtypes": _list(self.dtypes), "grad": _list(self.grads),
+                "forward": self.forward,
+                "targets": _list(self.targets),
                 "case": _list(self.cases), "shard": self.shard, "sample": self.sample, "recorded": self.recorded}
 
     def describe(self) -> str:
         """One line: what the subset was, e.g. "ops exp, log; dtypes float16; targets mlx-cpu-lazy"."""
         parts = [f"{name} {', '.join(v)}" for name, v in (("ops", self.ops), ("dtypes", self.dtypes),
                                                          ("targets", self.targets)) if v]
+        if self.grads:  # some derivative kinds (a forward-only run's subset shows in its count)
+            parts.append(f"derivatives {', '.join(self.grads)}" + ("" if self.forward else " only"))
         if self.cases:
             parts.append(f"{len(self.cases)} case id(s)")
         if self.shard:
@@ -288,14 +303,16 @@ def _distribution_drift(base: list[Record], new: list[Record], t: Thresholds,
                         excused: bool = False) -> list[dict[str, Any]]:
     """Groups whose p99 or max ULP (or over-budget count) got worse, among their passing cases or
     (``excused``) their xfail cases. Computed over the cases both runs hold, so a subset run, a
-    shard or newly added cases do not read as drift."""
+    shard or newly added cases do not read as drift. An op's derivative groups ("exp:vjp") are
+    their own (``grad`` in the row), never pooled with its forward's."""
     bd, nd = distributions(base), distributions(new)
     out = []
     for key in sorted(set(bd) & set(nd)):
         be, ne = (bd[key].excused, nd[key].excused) if excused else (bd[key], nd[key])
         metrics = _worse(be, ne, t)
         if metrics:
-            out.append({"group": key_str(key), "op": key[0], "dtype": key[1], "target": key[2],
+            op, grad = split_subject(key[0])
+            out.append({"group": key_str(key), "op": op, "grad": grad, "dtype": key[1], "target": key[2],
                         "metrics": metrics, "all_pass": nd[key].bad == 0,
                         "base": be.to_json(), "new": ne.to_json()})
     return out

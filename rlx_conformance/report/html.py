@@ -28,6 +28,7 @@ from rlx_conformance.report.records import (
     group_key,
     is_bad,
     measure,
+    subject,
     target,
     worst,
 )
@@ -97,10 +98,23 @@ def _bar(counts: Counter) -> list[tuple[str, float, int]]:
     return [(o, 100 * n / total, n) for o, n in sorted(counts.items(), key=_severity, reverse=True) if n]
 
 
+def _cell(recs: list[Record], label: str, href: str | None) -> Cell:
+    """A scoreboard cell: the worst outcome of its cases, their counts on hover."""
+    c = Counter(r["outcome"] for r in recs)
+    delegated = any(r.get("kernel") == "delegated" for r in recs)
+    title = f"{label}: " + ", ".join(f"{n} {o}" for o, n in sorted(c.items(), key=_severity))
+    if delegated:
+        title += " · delegated kernel"
+    return Cell(worst(c), title, delegated, href)
+
+
 def scoreboard(cases: list[Record], targets: list[str], anchors: dict[GroupKey, str]) -> list[FamilyBoard]:
+    """The forward scoreboard: op × dtype per target, families as panels. Derivative records
+    (``grad`` set) are left to :func:`derivative_board`."""
     groups: dict[GroupKey, list[Record]] = defaultdict(list)
     for r in cases:
-        groups[group_key(r)].append(r)
+        if not r.get("grad"):
+            groups[group_key(r)].append(r)
     fam_ops: dict[str, set[str]] = defaultdict(set)
     for op, _, _ in groups:
         fam_ops[stats.op_family(op)].add(op)
@@ -120,14 +134,8 @@ def scoreboard(cases: list[Record], targets: list[str], anchors: dict[GroupKey, 
                     if not recs:
                         row.append(None)
                         continue
-                    c = Counter(r["outcome"] for r in recs)
-                    fam_counts.update(c)
-                    delegated = any(r.get("kernel") == "delegated" for r in recs)
-                    w = worst(c)
-                    title = f"{op} · {d} · {t}: " + ", ".join(f"{n} {o}" for o, n in sorted(c.items(), key=_severity))
-                    if delegated:
-                        title += " · delegated kernel"
-                    row.append(Cell(w, title, delegated, anchors.get((op, d, t))))
+                    fam_counts.update(r["outcome"] for r in recs)
+                    row.append(_cell(recs, f"{op} · {d} · {t}", anchors.get((op, d, t))))
                 cells.append(row)
             rows.append(OpRow(op, cells))
         w = worst(fam_counts) if fam_counts else "skip"
@@ -135,6 +143,53 @@ def scoreboard(cases: list[Record], targets: list[str], anchors: dict[GroupKey, 
                                   open=n_ops <= OPEN_ALL_BELOW or any(is_bad(o) for o in fam_counts),
                                   bar=_bar(fam_counts)))
     return boards
+
+
+@dataclass
+class DerivativeRow:
+    """One op × derivative kind × dtype of the derivative panel: a cell per target, the counts
+    per outcome over every target, and the worst errors of its passing and excused cases."""
+
+    op: str
+    grad: str
+    dtype: str
+    family: str
+    cells: list[Cell | None]  # [target]; None: no case of the row there
+    counts: list[tuple[str, int]]  # (outcome, n), worst first
+    worst: str
+    max_ulp: float | None
+    max_rel: float | None
+    max_abs: float | None
+
+
+def derivative_board(cases: list[Record], targets: list[str], anchors: dict[GroupKey, str]) -> list[DerivativeRow]:
+    """The derivative panel: the records with ``grad`` set (vjp, jvp, hvp), one row per op ×
+    derivative kind × dtype, apart from the forward scoreboard. The worst errors are over the
+    cases that passed or were excused (a failure's error is its outcome's, as in the statistics)."""
+    groups: dict[tuple[str, str, str], list[Record]] = defaultdict(list)
+    for r in cases:
+        if r.get("grad"):
+            groups[(r["op"], r["grad"], r["dtype"])].append(r)
+    rows = []
+    for (op, grad, d), recs in sorted(groups.items(), key=lambda kv: (stats.op_family(kv[0][0]), kv[0][0],
+                                                                       kv[0][1], _dtype_sort(kv[0][2]))):
+        by_t: dict[str, list[Record]] = defaultdict(list)
+        for r in recs:
+            by_t[target(r)].append(r)
+        key = f"{op}:{grad}"
+        cells = [_cell(by_t[t], f"{key} · {d} · {t}", anchors.get((key, d, t))) if by_t.get(t) else None
+                 for t in targets]
+        c = Counter(r["outcome"] for r in recs)
+        judged = [r for r in recs if r.get("outcome") in ("pass", "xfail")]
+        rows.append(DerivativeRow(op, grad, d, stats.op_family(op), cells, sorted(c.items(), key=_severity),
+                                  worst(c), *(_top(judged, k) for k in ("max_ulp", "max_rel_err", "max_abs_err"))))
+    return rows
+
+
+def _top(recs: list[Record], key: str) -> float | None:
+    """The largest measured ``key`` of the records (None: none measured)."""
+    xs = [x for x in (measure(r.get(key)) for r in recs) if x is not None]
+    return max(xs) if xs else None
 
 
 def _repro_href(report_dir: Path, out_dir: Path, rec: Record) -> str | None:
@@ -150,14 +205,14 @@ def _repro_href(report_dir: Path, out_dir: Path, rec: Record) -> str | None:
 
 def failures(cases: list[Record], report_dir: Path, out_dir: Path) -> tuple[list[dict], dict[GroupKey, str], int]:
     """The bad cases grouped by op (rows capped), and the anchor of each group's first one."""
-    bad = sorted((r for r in cases if is_bad(r.get("outcome"))), key=lambda r: (r["op"], r["id"]))
+    bad = sorted((r for r in cases if is_bad(r.get("outcome"))), key=lambda r: (subject(r), r["id"]))
     by_op: dict[str, list[dict]] = defaultdict(list)
     anchors: dict[GroupKey, str] = {}
     for i, r in enumerate(bad[:MAX_FAILURE_ROWS]):
         anchor = f"f{i}"
         anchors.setdefault(group_key(r), "#" + anchor)
         msg = r.get("message") or ""
-        by_op[r["op"]].append({"anchor": anchor, "id": r["id"], "outcome": r["outcome"],
+        by_op[subject(r)].append({"anchor": anchor, "id": r["id"], "outcome": r["outcome"],
                                "abs": fmt(r.get("max_abs_err")), "rel": fmt(r.get("max_rel_err")),
                                "ulp": fmt(r.get("max_ulp")), "message": _clip((msg.splitlines() or [""])[0], 220),
                                "full": msg[:3000], "repro": _repro_href(report_dir, out_dir, r),
@@ -182,7 +237,7 @@ def divergences(cases: list[Record]) -> list[dict]:
                                                 "reason": d.get("reason"), "link": d.get("link"),
                                                 "counts": Counter(), "ops": set(), "dtypes": set()})
         e["counts"][r["outcome"]] += 1
-        e["ops"].add(r["op"])
+        e["ops"].add(subject(r))
         e["dtypes"].add(r["dtype"])
     # by key; a results.json from before entries had keys names them by position (a number)
     out = sorted(entries.values(), key=lambda e: (e["entry"] is None, isinstance(e["entry"], str),
@@ -442,6 +497,7 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
         "warnings": report.run.get("warnings") or [],
         "per_target": {t: [(o, c[o]) for o in OUTCOMES if c.get(o)] for t, c in per_target.items()},
         "boards": scoreboard(cases, targets, anchors), "dtype_short": DTYPE_SHORT,
+        "derivatives": derivative_board(cases, targets, anchors),
         "failures": fail_groups, "failures_more": fail_more, "divergences": div,
         "stats": stats_tables(cases, drifted, excused_drifted), "diff": diff, "lock": lock,
         "diff_counts": diff.counts() if diff is not None else None, "max_list": MAX_LIST,

@@ -1,5 +1,6 @@
 """JUnit XML from case records, for CI systems that show test results: one <testsuite> per target,
-one <testcase> per case (classname = op, name = case id), outcomes mapped as pytest's junitxml
+one <testcase> per case (classname = op, or "op:KIND" for a derivative case, as
+judge.stability.subject names it, e.g. "exp:vjp"; name = case id), outcomes mapped as pytest's junitxml
 maps them (fail/xpass → failure, error/crash/timeout → error, skip and xfail → skipped), and the
 measured errors as properties, so a CI test view shows the numbers without opening results.json."""
 from __future__ import annotations
@@ -10,12 +11,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from rlx_conformance.core.results import atomic_write_text
-from rlx_conformance.report.records import Record, target
+from rlx_conformance.report.records import Record, subject, target
 
 FAILURE = ("fail", "xpass")
 ERROR = ("error", "crash", "timeout")
 SKIPPED = ("skip", "xfail")
-PROPERTIES = ("outcome", "kernel", "max_abs_err", "max_rel_err", "max_ulp", "stream",
+PROPERTIES = ("outcome", "grad", "kernel", "max_abs_err", "max_rel_err", "max_ulp", "stream",
               "oracle_ulp_ref", "oracle_ulp_target", "over_budget")
 
 
@@ -33,10 +34,10 @@ def _first_line(msg: str) -> str:
 
 
 def _testcase(rec: Record) -> ET.Element:
-    tc = ET.Element("testcase", classname=rec["op"], name=rec["id"], time=f"{float(rec.get('duration_s') or 0):.6f}")
+    tc = ET.Element("testcase", classname=subject(rec), name=rec["id"], time=f"{float(rec.get('duration_s') or 0):.6f}")
     props = ET.SubElement(tc, "properties")
     for k in PROPERTIES:
-        if rec.get(k) is not None:
+        if rec.get(k) not in (None, ""):
             ET.SubElement(props, "property", name=k, value=_xml_text(str(rec[k])))
     tol = rec.get("tolerance") or {}
     if tol.get("source"):

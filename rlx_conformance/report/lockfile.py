@@ -29,7 +29,13 @@ from rlx_conformance.core import data
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import atomic_write_text
 from rlx_conformance.judge.accuracy import budget_for
-from rlx_conformance.report.records import GroupKey, Record, key_str, parse_key
+from rlx_conformance.report.records import (
+    GroupKey,
+    Record,
+    key_str,
+    parse_key,
+    split_subject,
+)
 from rlx_conformance.report.stats import distributions
 
 LOCK_NAME = "tolerance_lock.toml"
@@ -53,6 +59,8 @@ HEADER = """\
 {examples}
 # max_ulp: the largest max_ulp of the group's passing cases; max_rel_err likewise. A metric a
 # line leaves out is not checked. A line may carry `reason = "why looser"`.
+# A derivative's groups are keyed by op:KIND ("tanh:vjp/float32/mlx-cpu", KIND vjp, jvp or
+# hvp): their errors are against the reference derivative, locked apart from the forward's.
 #
 # No line holds a group above its accuracy budget (cases/accuracy.toml): where the precise
 # oracle judged the group's cases, one passing case over budget; else, for a budget in ULP
@@ -192,7 +200,10 @@ def ulp_cap(op: str, dtype: str) -> float | None:
     oracle holds to the same budget, so the two results are within 2 x budget of each other).
     None where the op has no budget for the dtype, or a budget that allows an absolute error or
     a multiple of the registry's error bound (accumulating ops): no ULP count bounds those, and
-    only the oracle's per-element verdict (the records' over_budget) can judge them."""
+    only the oracle's per-element verdict (the records' over_budget) can judge them. None for a
+    derivative group ("exp:vjp"): a derivative is judged by its error bound, no accuracy budget."""
+    if split_subject(op)[1]:
+        return None
     try:
         b = budget_for(op, dtype)
     except RlxError:

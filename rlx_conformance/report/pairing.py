@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlx_conformance.judge.stability import input_id
+from rlx_conformance.judge.stability import input_id, subject
 from rlx_conformance.report.records import Record, Report, brief, measure
 
 SCHEMA = "rlx-conformance/pair/v1"
@@ -49,7 +49,8 @@ def classify(a: Record | None, b: Record | None) -> str:
 
 @dataclass
 class Group:
-    """One (op, dtype, mode) of the pair."""
+    """One (op, dtype, mode) of the pair; a derivative's op is its subject ("exp:vjp"), so an
+    op's forward and derivative cases are counted apart."""
 
     op: str
     dtype: str
@@ -110,7 +111,7 @@ def pair(a: Report, b: Report) -> Pairing:
     seen_b: set[tuple[str, str]] = set()
 
     def group(rec: Record) -> Group:
-        k = (rec["op"], rec["dtype"], rec.get("mode", ""))
+        k = (subject(rec), rec["dtype"], rec.get("mode", ""))
         return groups.setdefault(k, Group(*k))
 
     for ra in a.cases:

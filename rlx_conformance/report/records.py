@@ -15,9 +15,12 @@ from rlx_conformance.core.errors import RlxError
 # merges and resumes reports, need not import the report layer; re-exported here for the sinks.
 from rlx_conformance.core.results import Record, Report, results_path  # noqa: F401
 from rlx_conformance.core.results import load_report as load  # noqa: F401
+from rlx_conformance.judge.stability import subject
 
 # (op, dtype, target): the unit of the scoreboard, the error statistics and the tolerance lock;
 # target is "backend-device-mode[-variant]" as in case ids, e.g. ("exp", "float32", "mlx-cpu-compiled").
+# A derivative case's group names its subject, "op:KIND" ("exp:vjp": judge.stability.subject),
+# so that an op's forward and derivative records never share a group, a lock line or a diff row.
 GroupKey = tuple[str, str, str]
 
 # Severity, worst first: a scoreboard cell shows the worst outcome among its cases. skip ranks
@@ -46,12 +49,15 @@ def measure(v: Any) -> float | None:
 
 
 def brief(rec: Record | None) -> dict[str, Any]:
-    """A record in short, for the lists of diff.json and pair.json: outcome, errors, first line."""
+    """A record in short, for the lists of diff.json and pair.json: outcome, errors, what judged
+    them (the tolerance's source: a tolerances.toml entry, or "derivative:..." for a derivative
+    case's bound), first line."""
     if rec is None:
         return {"outcome": None}
     msg = (rec.get("message") or "").splitlines()
     return {"outcome": rec.get("outcome"), "max_ulp": rec.get("max_ulp"),
-            "max_rel_err": rec.get("max_rel_err"), "message": msg[0][:300] if msg else ""}
+            "max_rel_err": rec.get("max_rel_err"), "tolerance": (rec.get("tolerance") or {}).get("source"),
+            "message": msg[0][:300] if msg else ""}
 
 
 def target(rec: Record) -> str:
@@ -61,7 +67,13 @@ def target(rec: Record) -> str:
 
 
 def group_key(rec: Record) -> GroupKey:
-    return (rec["op"], rec["dtype"], target(rec))
+    return (subject(rec), rec["dtype"], target(rec))
+
+
+def split_subject(s: str) -> tuple[str, str]:
+    """(op, derivative kind) of a group's subject: ("exp", "") or ("exp", "vjp")."""
+    op, _, grad = s.partition(":")
+    return op, grad
 
 
 def key_str(key: GroupKey) -> str:

@@ -19,7 +19,15 @@ from typing import Any
 
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.ops import get_op
-from rlx_conformance.report.records import GroupKey, Record, group_key, is_bad, measure
+from rlx_conformance.report.records import (
+    GroupKey,
+    Record,
+    group_key,
+    is_bad,
+    measure,
+    split_subject,
+    subject,
+)
 
 
 def _jsonable(v: Any) -> Any:
@@ -116,7 +124,9 @@ def distributions(cases: Iterable[Record]) -> dict[GroupKey, Dist]:
 @cache
 def op_family(op: str) -> str:
     """The op's family from the registry (the case records hold only the shape family); an op
-    this checkout does not know (a results.json from a newer harness) goes under "other"."""
+    this checkout does not know (a results.json from a newer harness) goes under "other". A
+    derivative subject ("exp:vjp") is of its op's family."""
+    op = split_subject(op)[0]
     try:
         return get_op(op).family
     except (KeyError, RlxError):
@@ -124,12 +134,13 @@ def op_family(op: str) -> str:
 
 
 def ulps_by_family(cases: Iterable[Record]) -> dict[str, list[float]]:
-    """The max ULP of every passing case, per op family (what the distribution plots draw)."""
+    """The max ULP of every passing case, per op family (what the distribution plots draw); a
+    derivative case's under its family and kind ("activation · vjp"), not pooled with forwards."""
     out: dict[str, list[float]] = defaultdict(list)
     for r in cases:
         u = measure(r.get("max_ulp"))
         if r.get("outcome") == "pass" and u is not None:
-            out[op_family(r["op"])].append(u)
+            out[op_family(r["op"]) + (f" · {r['grad']}" if r.get("grad") else "")].append(u)
     return dict(sorted(out.items()))
 
 
@@ -141,13 +152,15 @@ class Worst:
 
 
 def worst_ops(cases: Iterable[Record], n: int = 20) -> list[Worst]:
-    """The n ops with the largest max ULP among their passing cases (ops at 0 ULP left out)."""
+    """The n ops with the largest max ULP among their passing cases (ops at 0 ULP left out); an
+    op's derivatives rank apart, by their subject ("exp:vjp")."""
     best: dict[str, Worst] = {}
     for r in cases:
         u = measure(r.get("max_ulp"))
         if r.get("outcome") != "pass" or u is None or u <= 0:
             continue
-        w = best.get(r["op"])
+        s = subject(r)
+        w = best.get(s)
         if w is None or u > w.max_ulp:
-            best[r["op"]] = Worst(r["op"], u, r["id"])
+            best[s] = Worst(s, u, r["id"])
     return sorted(best.values(), key=lambda w: (-w.max_ulp, w.op))[:n]

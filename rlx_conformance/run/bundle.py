@@ -4,10 +4,16 @@ takes to reproduce the failure without this harness.
 ::
 
     inputs.npz     the exact inputs (bfloat16 as uint16 bits: npz without pickle has no ml_dtypes)
+    seeds.npz      a derivative case's cotangents (cot<k>, per output) and tangents (tan<k>, per input)
     expected.npz   the CPU reference's outputs, plus per-output error bounds / undefined masks
     actual.npz     the backend's outputs (absent when it crashed, hung or raised)
     case.json      id, op, attrs, dtypes, shapes, target, seed, policy, outcome, message, versions
     repro.py       standalone: numpy + ml_dtypes + mlx (+ scipy for some judges), not rlx_conformance
+
+A derivative case (Case.grad: vjp, jvp, hvp) stores as its outputs the results the reference
+derivative has (case.json ``run.grad.results``: which input's or output's derivative each is), with
+the derivative bound (judge/bounds/derivative.py) as their error bounds; its repro.py rebuilds the
+derivative call (mx.vjp, mx.jvp, the JVP of the VJP) over the op's MLX kernel.
 
 Bundles are written where the arrays are: in the worker that ran the case (BundleSink.collect,
 called by the runner), or, for a crash or timeout, in the parent from regenerated inputs and
@@ -35,15 +41,16 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.backends import get_backend
-from rlx_conformance.backends.base import compute_dtypes
+from rlx_conformance.backends.base import compute_dtypes, differentiable_arrays
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, make_inputs
+from rlx_conformance.judge.bounds.derivative import derivative_bound, roundings_for
 from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, Bound
-from rlx_conformance.judge.tolerances import tolerance_for
-from rlx_conformance.run import worker
+from rlx_conformance.judge.tolerances import default_tolerance, tolerance_for
+from rlx_conformance.run import derivatives, worker
 from rlx_conformance.run.execute import run_case
 from rlx_conformance.run.outcomes import apply_divergence
 from rlx_conformance.run.portable import Extractor, NotPortable, Source
@@ -130,7 +137,14 @@ def _write_regenerated(conn: Any, case: Case, final: CaseResult, root: Path, tim
 
 
 def regenerate(case: Case) -> dict[str, Any]:
-    """Inputs and reference of a case from its id alone (bit-identical to what the worker had)."""
+    """Inputs and reference of a case from its id alone (bit-identical to what the worker had);
+    for a derivative case, its seeds and the reference derivative's results too."""
+    if case.grad:
+        try:
+            ref = derivatives.reference(case)
+        except Exception as e:  # noqa: BLE001 — no reference: the bundle says so
+            return {"inputs": make_inputs(case), "expected": e}
+        return {"inputs": ref.inputs, "expected": ref.expected, "seeds": ref.seeds}
     inputs = make_inputs(case)
     try:
         expected: Any = get_backend("cpu").run(case.op, [x.copy() for x in inputs], case.attr_dict)
@@ -213,21 +227,29 @@ def write_bundle(case: Case, r: CaseResult, root: Path, arrays: dict[str, Any], 
     is checked against (case.json's self_check)."""
     inputs: list[np.ndarray] = arrays["inputs"]
     expected, actual = arrays.get("expected"), arrays.get("actual")
+    results: list[int] | None = None  # a derivative case: which of its results the outputs are
+    if case.grad and isinstance(expected, list):
+        results = [k for k, e in enumerate(expected) if e is not None]
+        expected = [expected[k] for k in results]
+        if actual is not None:
+            actual = [actual[k] if k < len(actual) else None for k in results]
     folder = Path(root) / bundle_name(case.id)
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")  # repeats may write it concurrently
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     doc = _case_doc(case, r, inputs, timeout)
     _savez(tmp / "inputs.npz", "in", inputs)
+    if case.grad and arrays.get("seeds") is not None:  # in the memory order the backend got them
+        doc["seeds"] = _save_seeds(tmp / "seeds.npz", derivatives.handed_seeds(case, arrays["seeds"]))
     if actual is not None:
-        _savez(tmp / "actual.npz", "out", actual)
+        np.savez(tmp / "actual.npz", **{f"out{k}": _encode(a) for k, a in enumerate(actual) if a is not None})
     why = None
     if expected is None:
         why = "no reference outputs"
     elif not isinstance(expected, list):
         why = f"the CPU reference failed: {type(expected).__name__}: {expected}"
     else:
-        plan, aux = judge_plan(case, inputs, expected)
+        plan, aux = judge_plan(case, inputs, expected) if results is None else derivative_plan(case, results)
         doc.update(outputs=_describe(expected), judge=plan)
         _savez(tmp / "expected.npz", "out", expected, aux)
         if getattr(r, "oracle_verdict", None) == "reference-bug":
@@ -235,6 +257,8 @@ def write_bundle(case: Case, r: CaseResult, root: Path, arrays: dict[str, Any], 
         else:
             try:
                 run, src, entry_points = repro_script(case, inputs, expected, doc)
+                if results is not None:
+                    run["grad"] = _grad_run(case, inputs, results)
                 doc["run"] = run
                 (tmp / "repro.py").write_text(src)
                 if actual is not None and judged in ("pass", "fail"):
@@ -258,9 +282,58 @@ def write_bundle(case: Case, r: CaseResult, root: Path, arrays: dict[str, Any], 
     return folder
 
 
+def _encode(a: np.ndarray) -> np.ndarray:
+    from rlx_conformance.run.repro_runtime import encode  # MLX loads late (see _savez)
+
+    return encode(a)
+
+
+def _save_seeds(path: Path, seeds: Any) -> dict[str, list[str | None]]:
+    """seeds.npz (cot<k>, tan<k>: the seeds that exist; .npy keeps a column-major seed
+    column-major, and MLX its strides) and their dtypes per position for case.json."""
+    arrays = {f"{kind[:3]}{k}": _encode(a) for kind in ("cotangents", "tangents")
+              for k, a in enumerate(getattr(seeds, kind)) if a is not None}
+    np.savez(path, **arrays)
+    return {kind: [None if a is None else dt.name_of(a.dtype) for a in getattr(seeds, kind)]
+            for kind in ("cotangents", "tangents")}
+
+
+def derivative_plan(case: Case, results: list[int]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """How run/derivatives.judge judges a derivative case, in data: per result, the dtype's final
+    roundings as tolerance and the derivative bound (the reference's magnitude and term count,
+    judge/bounds/derivative.py) and undefined positions as arrays."""
+    ref = derivatives.CACHE.get(case)  # the run's own reference: cached in the worker that ran it
+    if isinstance(ref, Exception):
+        raise ref
+    what = "output" if case.grad == "jvp" else "input"
+    outputs, aux = [], {}
+    for j, k in enumerate(results):
+        d, m, skip = ref.dtypes[k], ref.magnitude[k], ref.undefined[k]
+        if m is not None:
+            aux[f"bound{j}"] = np.asarray(derivative_bound(case.op, d, m, ref.terms), np.float64)
+        if skip is not None:
+            aux[f"skip{j}"] = np.broadcast_to(np.asarray(skip, bool), ref.expected[k].shape)
+        outputs.append({"name": f"{case.grad} {what} {k}", "exact": False, "signed_zero": False,
+                        "tolerance": default_tolerance(d).to_json(), "bound": f"bound{j}" in aux,
+                        "skip": f"skip{j}" in aux})
+    return {"kind": "derivative", "grad": case.grad, "outputs": outputs,
+            "bound_reason": f"derivative bound: gamma(terms + roundings) x magnitude "
+                            f"({roundings_for(case.op).source}, {ref.terms} terms)"}, aux
+
+
+def _grad_run(case: Case, inputs: list[np.ndarray], results: list[int]) -> dict[str, Any]:
+    """case.json's run.grad: which inputs are differentiated (diff), which outputs are floating
+    (floats: the ones seeded and differentiated), and which results the outputs are."""
+    _, outs = case.spec.validate([x.shape for x in inputs], [dt.name_of(x.dtype) for x in inputs],
+                                 case.attr_dict)
+    return {"kind": case.grad,
+            "diff": [k for k, ok in enumerate(differentiable_arrays(case.spec, len(inputs))) if ok],
+            "floats": [k for k, (_, d) in enumerate(outs) if dt.is_float(d)], "results": results}
+
+
 def _case_doc(case: Case, r: CaseResult, inputs: list[np.ndarray], timeout: float | None) -> dict[str, Any]:
     return {
-        "schema": "rlx-conformance/repro/v1", "id": case.id, "op": case.op, "dtype": case.dtype,
+        "schema": "rlx-conformance/repro/v1", "id": case.id, "op": case.op, "grad": case.grad, "dtype": case.dtype,
         "attrs": res._jsonable(case.attr_dict), "shapes": [list(s) for s in case.shapes],
         "family": case.family, "vals": case.vals, "backend": case.target.backend,
         "device": case.target.device, "mode": case.target.mode, "seed": case.seed,
@@ -290,6 +363,9 @@ Needs {needs}; not rlx_conformance. Everything below is the harness's own code (
 kernel, its helpers, the judge), extracted by rlx_conformance.run.portable.
 """
 '''
+
+
+_GRAD_CALLS = {"vjp": "mx.vjp", "jvp": "mx.jvp", "hvp": "mx.jvp of mx.vjp"}
 
 
 def repro_script(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray],
@@ -338,9 +414,11 @@ def repro_script(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray
            if doc["judge"]["kind"] == "check" else "compare() per output with the recorded tolerance"
            + (", error bounds" if any(o["bound"] for o in doc["judge"]["outputs"]) else "")
            + (", undefined inputs masked" if any(o["skip"] for o in doc["judge"]["outputs"]) else ""))
-    header = _HEADER.format(**{k: _docstring_safe(v) for k, v in dict(
-        id=case.id, outcome=doc["outcome"], reason=f" — {first}" if first else "", op=case.op,
-        device=case.target.device, mode=case.target.mode, judge=how, needs=", ".join(needs)).items()})
+    what = case.op if not case.grad else (f"the {case.grad.upper()} of {case.op} ({_GRAD_CALLS[case.grad]} over "
+                                          "its MLX kernel, seeded from seeds.npz)")
+    header = _HEADER.format(**{k: _docstring_safe(v) for k, v in {
+        "id": case.id, "outcome": doc["outcome"], "reason": f" — {first}" if first else "", "op": what,
+        "device": case.target.device, "mode": case.target.mode, "judge": how, "needs": ", ".join(needs)}.items()})
     entry_points = {"judge_outputs": ex.name_of(judge_outputs), "judge_attrs": judge_attrs}
     return run, header + "from __future__ import annotations\n\n" + body + "\n" + tail, entry_points
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import traceback
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,21 @@ def reference(case: Case) -> Reference:
                      list(mags), terms, list(undefined))
 
 
+def handed_seeds(case: Case, seeds: Seeds) -> Seeds:
+    """The seeds as the backend under test gets them: the same values, but for every other input
+    id (by a hash of the id) each seed of rank >= 2 in column-major memory. MLX keeps a numpy
+    array's strides, so a kernel's ``mx.custom_function`` VJP/JVP then gets a non-contiguous
+    cotangent/tangent, as it does in a model after a transpose: one that reads its seed's buffer
+    as if row-major (right only for contiguous seeds) fails those cases. The reference and the
+    judge see the seeds as made."""
+    if not zlib.crc32(case.input_id.encode()) & 1:
+        return seeds
+
+    def f(s: np.ndarray | None) -> np.ndarray | None:
+        return s if s is None or s.ndim < 2 else np.asfortranarray(s)
+    return Seeds(tuple(map(f, seeds.cotangents)), tuple(map(f, seeds.tangents)))
+
+
 class _Cache:
     """The last few references (the targets of one input id run back to back)."""
 
@@ -103,7 +119,8 @@ def judge(case: Case, ref: Reference, actual: list[np.ndarray | None]) -> list[C
         if a is None:
             comps.append(Comparison(False, message=f"d/d {what}: no result"))
             continue
-        bound = derivative_bound(case.op, d, m, ref.terms) if m is not None else None
+        bound = derivative_bound(case.op, d, m, ref.terms, native=case.spec.low_precision == "native") \
+            if m is not None else None
         comps.append(compare(e, np.asarray(a), exact=False, signed_zero=False, tol=default_tolerance(d),
                              bound=bound, skip=skip, name=f"{case.grad} {what}"))
     return comps
@@ -126,8 +143,9 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
         kw["origin"] = entry.origin
     t1 = time.perf_counter()
     try:
+        seeds = handed_seeds(case, ref.seeds)
         out = backend.run_derivative(case.op, case.grad, [x.copy() for x in ref.inputs], case.attr_dict,
-                                     list(ref.seeds.cotangents), list(ref.seeds.tangents), tg.device, tg.mode)
+                                     list(seeds.cotangents), list(seeds.tangents), tg.device, tg.mode)
         kw["backend_s"] = time.perf_counter() - t1
         if capture is not None:
             capture["actual"] = out

@@ -34,7 +34,7 @@ _COMBINED = ("start", "wall_s", "targets", "backend", "device", "modes", "cases_
              "selection")  # combine_meta's own
 # The keys of run.selection (session.selection) that shards of one run share, as the option that
 # sets each: every key but the shard.
-SELECTION_OPTIONS = {"ops": "--ops", "dtypes": "--dtypes", "backend": "--backend", "devices": "--device",
+SELECTION_OPTIONS = {"ops": "--ops", "dtypes": "--dtypes", "grad": "--grad", "forward": "--no-forward", "backend": "--backend", "devices": "--device",
                      "modes": "--mode", "tf32": "--tf32", "sample": "--sample", "case": "--case",
                      "cases_dir": "--cases"}
 
@@ -97,7 +97,7 @@ def check_shards(shards: Sequence[Shard]) -> list[str]:
 def _shown(v: Any) -> str:
     if v is None:
         return "(not given)"
-    return ",".join(map(str, v)) if isinstance(v, list) else str(v)
+    return (",".join(map(str, v)) or "none") if isinstance(v, list) else str(v)  # --grad none: []
 
 
 def check_selections(shards: Sequence[Shard]) -> None:

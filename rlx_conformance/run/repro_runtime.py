@@ -6,7 +6,9 @@ harness code that extracts cleanly.
 
 :func:`run_on_mlx` follows ``rlx_conformance.backends.mlx.MlxBackend._execute`` (widen to the compute dtypes,
 kernel, narrow to the declared dtypes; eager: evaluate after each stage; compiled: mx.compile of
-the whole); tests/test_bundle.py checks that both give bit-identical outputs.
+the whole); :func:`run_derivative_on_mlx` follows ``MlxBackend.run_derivative`` (mx.vjp, mx.jvp or
+the JVP of the VJP over that same graph; compiled: mx.compile of the whole derivative function).
+tests/test_bundle.py checks that each gives the backend's outputs bit for bit.
 """
 from __future__ import annotations
 
@@ -33,11 +35,15 @@ def encode(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
 
 
-def load_arrays(path: Path, prefix: str, dtypes: Sequence[str]) -> list[np.ndarray]:
-    """Arrays ``<prefix>0, <prefix>1, ...`` of an npz, bfloat16 restored from its bits."""
+def load_arrays(path: Path, prefix: str, dtypes: Sequence[str | None]) -> list[Any]:
+    """Arrays ``<prefix>0, <prefix>1, ...`` of an npz, bfloat16 restored from its bits; None
+    where ``dtypes`` says None (a derivative seed that does not exist, not stored)."""
     with np.load(path, allow_pickle=False) as z:
-        out = []
+        out: list[Any] = []
         for k, name in enumerate(dtypes):
+            if name is None:
+                out.append(None)
+                continue
             a = z[f"{prefix}{k}"]
             out.append(a.view(dt.np_dtype(name)) if a.dtype.name != name else a)
         return out
@@ -59,27 +65,74 @@ def bound_of(aux: dict[str, list[np.ndarray | None]], k: int) -> Bound | None:
     return Bound(b) if free is None else Bound(b, free, aux["allow"][k])
 
 
+def _graph(kernel: Callable[..., Any], attrs: dict[str, Any], compute_dtypes: Sequence[str],
+           out_dtypes: Sequence[str], mode: str) -> Callable[..., list[Any]]:
+    """widen to the compute dtypes → kernel → narrow to the declared dtypes (eager: evaluate
+    after each stage), as the MLX backend's graph."""
+    def graph(*args):
+        wide = [a.astype(MX_DTYPES[c]) if dtype_name(a) != c else a for a, c in zip(args, compute_dtypes)]
+        if mode == "eager":
+            mx.eval(wide)
+        res = kernel(*wide, **attrs)
+        res = list(res) if isinstance(res, (tuple, list)) else [res]
+        if mode == "eager":
+            mx.eval(res)
+        return [r.astype(MX_DTYPES[d]) if dtype_name(r) != d else r for r, d in zip(res, out_dtypes)]
+    return graph
+
+
 def run_on_mlx(kernel: Callable[..., Any], inputs: Sequence[np.ndarray], attrs: dict[str, Any],
                in_dtypes: Sequence[str], compute_dtypes: Sequence[str], out_dtypes: Sequence[str],
                stream: str, mode: str) -> list[np.ndarray]:
     """The kernel on MLX as the harness's MLX backend runs it, outputs back as numpy arrays."""
     with mx.stream(mx.cpu if stream == "cpu" else mx.gpu):
         args = [to_mlx(x, d) for x, d in zip(inputs, in_dtypes)]
-
-        def graph(*args):
-            wide = [a.astype(MX_DTYPES[c]) if dtype_name(a) != c else a for a, c in zip(args, compute_dtypes)]
-            if mode == "eager":
-                mx.eval(wide)
-            res = kernel(*wide, **attrs)
-            res = list(res) if isinstance(res, (tuple, list)) else [res]
-            if mode == "eager":
-                mx.eval(res)
-            return [r.astype(MX_DTYPES[d]) if dtype_name(r) != d else r for r, d in zip(res, out_dtypes)]
-
+        graph = _graph(kernel, attrs, compute_dtypes, out_dtypes, mode)
         fn = mx.compile(graph) if mode == "compiled" else graph
         res = fn(*args)
         mx.eval(res)
     return [to_numpy(r) for r in res]
+
+
+def run_derivative_on_mlx(kernel: Callable[..., Any], inputs: Sequence[np.ndarray], attrs: dict[str, Any],
+                          in_dtypes: Sequence[str], compute_dtypes: Sequence[str], out_dtypes: Sequence[str],
+                          stream: str, mode: str, kind: str, diff: Sequence[int], floats: Sequence[int],
+                          cotangents: Sequence[np.ndarray | None], tangents: Sequence[np.ndarray | None]
+                          ) -> list[np.ndarray | None]:
+    """The kernel's derivative on MLX as the harness's MLX backend takes it: ``kind`` vjp
+    (mx.vjp: one result per input, None where not in ``diff``), jvp (mx.jvp: one per output,
+    None where not in ``floats``, the floating outputs) or hvp (the JVP of the VJP: one per
+    input), seeded with the recorded cotangents (per output) and tangents (per input)."""
+    with mx.stream(mx.cpu if stream == "cpu" else mx.gpu):
+        args = [to_mlx(x, d) for x, d in zip(inputs, in_dtypes)]
+        cots = [to_mlx(cotangents[k], out_dtypes[k]) for k in floats] if kind in ("vjp", "hvp") else []
+        tans = [to_mlx(tangents[k], in_dtypes[k]) for k in diff] if kind in ("jvp", "hvp") else []
+        fixed = [a for k, a in enumerate(args) if k not in diff]
+        graph = _graph(kernel, attrs, compute_dtypes, out_dtypes, mode)
+
+        def derivative(*flat):
+            primals = list(flat[:len(diff)])
+            consts, seeds = flat[len(diff):len(diff) + len(fixed)], list(flat[len(diff) + len(fixed):])
+
+            def f(*p):
+                it_p, it_c = iter(p), iter(consts)
+                res = graph(*[next(it_p) if k in diff else next(it_c) for k in range(len(args))])
+                return [res[k] for k in floats]
+            if kind == "vjp":
+                return mx.vjp(f, primals, seeds)[1]
+            if kind == "jvp":
+                return mx.jvp(f, primals, seeds)[1]
+            c, t = seeds[:len(floats)], seeds[len(floats):]
+            return mx.jvp(lambda *q: mx.vjp(f, list(q), c)[1], primals, t)[1]
+
+        fn = mx.compile(derivative) if mode == "compiled" else derivative
+        res = fn(*[args[k] for k in diff], *fixed, *cots, *tans)
+        mx.eval(res)
+    places = floats if kind == "jvp" else diff
+    out: list[np.ndarray | None] = [None] * (len(out_dtypes) if kind == "jvp" else len(args))
+    for k, r in zip(places, res):
+        out[k] = to_numpy(r)
+    return out
 
 
 def judge_outputs(case: dict[str, Any], inputs: list[np.ndarray], expected: list[np.ndarray],
@@ -95,9 +148,13 @@ def judge_outputs(case: dict[str, Any], inputs: list[np.ndarray], expected: list
             return [Comparison(False, message=f"{len(actual)} outputs, expected {len(expected)}")]
         comps = []
         for k, (e, a, p) in enumerate(zip(expected, actual, case["judge"]["outputs"])):
+            name = p.get("name") or f"output {k}"
+            if a is None:  # a derivative the backend did not give
+                comps.append(Comparison(False, message=f"{name}: no result"))
+                continue
             comps.append(compare(e, a, exact=p["exact"], signed_zero=p["signed_zero"],
                                  tol=Tolerance(**p["tolerance"]), bound=bound_of(aux, k),
-                                 skip=aux["skip"][k], name=f"output {k}"))
+                                 skip=aux["skip"][k], name=name))
         return comps
 
 
@@ -128,10 +185,27 @@ def beyond_tolerance(e: np.ndarray, a: np.ndarray, p: dict[str, Any], bound: np.
     return lines
 
 
+def _call(here: Path, case: dict[str, Any], kernel: Callable[..., Any], kernel_attrs: dict[str, Any],
+          inputs: list[np.ndarray]) -> list[np.ndarray | None]:
+    """The recorded MLX call: the forward, or (case.json ``grad``) the derivative with the seeds
+    of seeds.npz, as the list of the results the expected ones stand for."""
+    run = case["run"]
+    if not case.get("grad"):
+        return list(run_on_mlx(kernel, inputs, kernel_attrs, run["in_dtypes"], run["compute_dtypes"],
+                               run["out_dtypes"], run["stream"], case["mode"]))
+    g = run["grad"]
+    seeds = {kind: load_arrays(here / "seeds.npz", kind[:3], dtypes) for kind, dtypes in case["seeds"].items()}
+    res = run_derivative_on_mlx(kernel, inputs, kernel_attrs, run["in_dtypes"], run["compute_dtypes"],
+                                run["out_dtypes"], run["stream"], case["mode"], case["grad"], g["diff"],
+                                g["floats"], seeds["cotangents"], seeds["tangents"])
+    return [res[k] for k in g["results"]]
+
+
 def main(here: Path, kernel: Callable[..., Any], kernel_attrs: dict[str, Any],
          check: Callable[..., list[Comparison]] | None, judge_attrs: dict[str, Any]) -> int:
     """repro.py's entry point: 0 when MLX now agrees with the expected outputs, 1 while it does not
-    (or raises); a crash kills the process, as it killed the harness's worker."""
+    (or raises); a crash kills the process, as it killed the harness's worker. A derivative
+    case's expected outputs are the reference derivative's results (case.json ``grad``)."""
     case = json.loads((here / "case.json").read_text())
     ap = argparse.ArgumentParser(description=f"Reproduce {case['id']} on MLX (exit 1 while it fails).")
     ap.add_argument("--save", metavar="NPZ", help="write MLX's outputs to this .npz (bfloat16 as uint16 bits)")
@@ -150,13 +224,13 @@ def main(here: Path, kernel: Callable[..., Any], kernel_attrs: dict[str, Any],
     if case["device"] == "gpu" and not mx.is_available(mx.gpu):
         print("this machine has no MLX GPU device; the case needs one")
         return 2
-    print(f"running  {case['op']} on MLX {case['device']} (stream {run['stream']}), {case['mode']} mode ...",
+    what = f"the {case['grad']} of {case['op']}" if case.get("grad") else case["op"]
+    print(f"running  {what} on MLX {case['device']} (stream {run['stream']}), {case['mode']} mode ...",
           flush=True)
     if args.timeout and hasattr(signal, "alarm"):
         signal.alarm(math.ceil(args.timeout))  # SIGALRM's default action ends a native hang too
     try:
-        actual = run_on_mlx(kernel, inputs, kernel_attrs, run["in_dtypes"], run["compute_dtypes"],
-                            run["out_dtypes"], run["stream"], case["mode"])
+        actual = _call(here, case, kernel, kernel_attrs, inputs)
     except Exception as e:  # noqa: BLE001 — a raising kernel is a reproduced error
         import traceback
 
@@ -167,13 +241,13 @@ def main(here: Path, kernel: Callable[..., Any], kernel_attrs: dict[str, Any],
         if args.timeout and hasattr(signal, "alarm"):
             signal.alarm(0)
     if args.save:
-        np.savez(args.save, **{f"out{k}": encode(a) for k, a in enumerate(actual)})
+        np.savez(args.save, **{f"out{k}": encode(a) for k, a in enumerate(actual) if a is not None})
     comps = judge_outputs(case, inputs, expected, actual, aux, check, judge_attrs)
     ok = all(c.ok for c in comps)
     for k, c in enumerate(comps):
         print(f"  {'ok  ' if c.ok else 'FAIL'} " + (c.message or f"output {k}: max abs {c.max_abs_err:.3g}, "
                                                    f"max rel {c.max_rel_err:.3g}, max ulp {c.max_ulp:g}"))
-        if not c.ok and check is None and k < len(expected):
+        if not c.ok and check is None and k < len(expected) and actual[k] is not None:
             lines = beyond_tolerance(expected[k], actual[k], case["judge"]["outputs"][k],
                                      bound_of(aux, k), aux["skip"][k])
             if lines:

@@ -12,7 +12,13 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.core import data
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
-from rlx_conformance.generate.matrix import Case, Target, generate
+from rlx_conformance.generate.matrix import (
+    GRAD_KINDS,
+    Case,
+    Target,
+    generate,
+    selected_dtypes,
+)
 from rlx_conformance.judge import stability
 from rlx_conformance.judge.stability import classify
 from rlx_conformance.run.bundle import BundleSink
@@ -52,12 +58,36 @@ def supports(t: Target, op: str, dtype: str) -> bool:
     return get_backend(t.backend).supports(op, dtype, t.device)
 
 
+def grad_kinds(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The derivative kinds (matrix.GRAD_KINDS) that ``--grad`` (and the pytest plugin's
+    ``--rlx-grad`` / a conformance file's ``grad``) selects, in id order: "all" or None, every
+    kind; "none", none (the forward alone); else kinds, comma-separated or as a list. The forward
+    cases are always run: a derivative case is judged against them (its inputs are theirs), and a
+    run of the derivatives alone is a ``-k``/``--case`` selection. A word that names no kind is a
+    usage error (one line)."""
+    if value is None:
+        return GRAD_KINDS
+    words = [w.strip().lower() for v in ([value] if isinstance(value, str) else value)
+             for w in str(v).split(",") if w.strip()]
+    if words in (["all"], ["none"]):
+        return GRAD_KINDS if words == ["all"] else ()
+    bad = [w for w in words if w not in GRAD_KINDS]
+    if bad or not words:
+        what = f"{bad[0]!r}" if bad else "nothing"
+        raise RlxError(f"--grad wants all, none or derivative kinds ({', '.join(GRAD_KINDS)}), "
+                       f"comma-separated; got {what}")
+    return tuple(k for k in GRAD_KINDS if k in words)
+
+
 def build_cases(targets: Sequence[Target], ops: Sequence[str] | None = None,
-                dtypes: Sequence[str] | None = None, tf32: str | None = None) -> list[Case]:
-    """The matrix's cases for ``targets``; each case in as many backend variants as its backend
-    runs it in (``tf32``: on, off, both, or None for what the environment says; MLX's float32
-    matmul/conv family on a GPU, MlxBackend.variants)."""
-    return with_variants(generate(targets, ops=ops, dtypes=dtypes, supports=supports), tf32)
+                dtypes: Sequence[str] | None = None, tf32: str | None = None,
+                grads: Sequence[str] = ()) -> list[Case]:
+    """The matrix's cases for ``targets``: the forward cases and, for ``grads`` (derivative kinds:
+    :func:`grad_kinds`), the derivative cases; each case in as many backend variants as its
+    backend runs it in (``tf32``: on, off, both, or None for what the environment says; MLX's
+    float32 matmul/conv family on a GPU, MlxBackend.variants)."""
+    return with_variants(generate(targets, ops=ops, dtypes=dtypes, supports=supports,
+                                  grads=("", *grads)), tf32)
 
 
 def with_variants(cases: Sequence[Case], option: str | None = None) -> list[Case]:
@@ -76,7 +106,8 @@ def find_case(case_id: str) -> Case:
         raise RlxError(f"not a case id: {case_id!r} (e.g. exp/float16/shape:1031/vals:special/mlx-cpu-compiled)")
     target = Target.parse(parts[-1])
     base = Target(target.backend, target.device, target.mode)
-    for c in build_cases([base], ops=[parts[0]], tf32="both" if target.variant else None):
+    grads = GRAD_KINDS if parts[-2].startswith("grad:") else ()  # a derivative's id: …/grad:vjp/target
+    for c in build_cases([base], ops=[parts[0]], tf32="both" if target.variant else None, grads=grads):
         if c.id == case_id.strip():
             return c
     raise RlxError(f"no case with id {case_id!r} in the current matrix")
@@ -90,14 +121,20 @@ def default_report_dir(kind: str = "run") -> Path:
 
 
 def selection(cases: Sequence[Case], *, ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
-              tf32: str | None = None, sample: int = 1, case_ids: Sequence[str] | None = None) -> dict:
+              tf32: str | None = None, sample: int = 1, case_ids: Sequence[str] | None = None,
+              grads: Sequence[str] = (), forward: bool = True) -> dict:
     """What a run was asked to run, for its metadata (``run.selection``, where :func:`execute`
-    adds its shard): the --ops and --dtypes globs (None: all), the backends, devices and modes of
-    ``cases`` (the selection's, before a shard takes its part), --tf32, --sample, --case and the
-    --cases data folder. ``diff`` compares a subset with a baseline over this selection only;
-    ``merge`` refuses shards whose selections differ."""
+    adds its shard): the --ops and --dtypes globs (None: all; f32 recorded as float32, the name
+    records hold), the derivative kinds of --grad
+    (``grad``: a list, [] for the forward alone; ``forward``: false for --no-forward, the
+    derivatives alone), the backends, devices and modes of ``cases``
+    (the selection's, before a shard takes its part), --tf32, --sample, --case and the --cases
+    data folder. ``diff`` compares a subset with a baseline over this selection only; ``merge``
+    refuses shards whose selections differ."""
     override = data.override_dir()
+    dtypes = selected_dtypes(dtypes)
     return {"ops": sorted(ops) if ops else None, "dtypes": sorted(dtypes) if dtypes else None,
+            "grad": [k for k in GRAD_KINDS if k in grads], "forward": forward,
             "backend": sorted({c.target.backend for c in cases}),
             "devices": sorted({c.target.device for c in cases}),
             "modes": sorted({c.target.mode for c in cases}), "tf32": tf32 or "env",

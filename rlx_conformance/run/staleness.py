@@ -3,7 +3,10 @@ that needs case generation (judge/divergences.py decides the rest, and asks this
 
 A part of an entry none of whose cases failed is stale only if the run held every one of its
 cases on the run's targets: a run of --ops reduce_sum, or of --dtypes float32, holds only part
-of the entry for the empty reductions of every reduce_* op, and cannot say that it is gone.
+of the entry for the empty reductions of every reduce_* op, and cannot say that it is gone. The
+derivative kinds are a dimension like the dtypes: an entry scoped to ``grad = "vjp"`` is held
+only by a run of the vjp cases (``--grad``), and a run of the forward alone (``--grad none``)
+neither calls it stale nor warns that it matched no case.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from fnmatch import fnmatchcase
 
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core.results import CaseResult
-from rlx_conformance.generate.matrix import Case, Target, generate
+from rlx_conformance.generate.matrix import GRAD_KINDS, Case, Target, generate
 from rlx_conformance.judge import divergences as kd
 from rlx_conformance.judge.divergences import Unit
 
@@ -25,6 +28,18 @@ def _every_variant(cases: Iterable[Case]) -> Iterable[Case]:
     for c in cases:
         for v in get_backend(c.target.backend).variants(c.op, c.dtype, c.target.device, "both"):
             yield c if v == c.target.variant else replace(c, target=replace(c.target, variant=v))
+
+
+# What the staleness checks generate: every case of an op, its derivative cases included (each
+# entry's own scope, its ``grad`` among them, then says which of them it holds).
+_EVERY_GRAD = ("", *GRAD_KINDS)
+
+
+def _declared(t: Target, op: str, dtype: str) -> bool:
+    """generate's ``supports`` filter, as session.supports (which this module cannot import, see
+    _every_variant): derivative cases exist only for the dtypes the backend declares, so a scope
+    generated without it would hold cases no run has, and no entry would ever be stale."""
+    return get_backend(t.backend).supports(op, dtype, t.device)
 
 
 def _run_targets(results: Sequence[CaseResult]) -> tuple[set[Target], list[Target]]:
@@ -40,25 +55,27 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
     """The entry parts among ``parts`` (none of the run's records matched them) worth a warning:
     a part that scopes no case of the whole matrix, on any target of the run's backends (a typo,
     or cases since removed), and a part that is the first entry of cases the run could have held
-    (its targets, ops and dtypes). Silent about a part only other targets or dtypes hold (a
-    CPU-only item of an entry in a GPU run, a float64 item in a --dtypes float32 run) or that an
-    earlier entry shadows on this run's targets."""
+    (its targets, ops, dtypes and derivative kinds). Silent about a part only other targets,
+    dtypes or derivative kinds hold (a CPU-only item of an entry in a GPU run, a float64 item in a
+    --dtypes float32 run, a vjp entry in a --grad none run) or that an earlier entry shadows on
+    this run's targets."""
     if not parts:
         return []
     targets, base = _run_targets(results)
     every = [Target(b, d, m) for b in sorted({t.backend for t in base})
              for d in get_backend(b).all_devices() for m in get_backend(b).modes]
     dtypes = {r.dtype for r in results}
+    grads = {r.grad for r in results}  # the kinds the run held ("" the forward)
     run_ops = {r.op for r in results}
     out = []
     for d, p in parts:
         ops = [o for o in run_ops if any(fnmatchcase(o, g) for g in d.part_ops(p))]
-        held = [c for c in _every_variant(generate(every, ops=ops))
+        held = [c for c in _every_variant(generate(every, ops=ops, supports=_declared, grads=_EVERY_GRAD))
                 if d.matches(c) and d.part(c.op, c.dtype, c.id) == p]
         # a case the run could hold that the part would have been recorded under (a record
         # carries the first entry scoping it)
-        if not held or any(c.target in targets and c.dtype in dtypes and kd.known_divergence(c) is d
-                           for c in held):
+        if not held or any(c.target in targets and c.dtype in dtypes and c.grad in grads
+                           and kd.known_divergence(c) is d for c in held):
             out.append((d, p))
     return out
 
@@ -73,7 +90,7 @@ def fully_covered(units: list[Unit], results: Sequence[CaseResult]) -> list[Unit
     for u in units:
         d, p, op, device, mode = u
         here = [t for t in base if (t.device, t.mode) == (device, mode)]
-        scope = [c.id for c in _every_variant(generate(here, ops=[op]))
+        scope = [c.id for c in _every_variant(generate(here, ops=[op], supports=_declared, grads=_EVERY_GRAD))
                  if c.target in targets and kd.known_divergence(c) is d and d.part(c.op, c.dtype, c.id) == p]
         if all(c in ids for c in scope):
             out.append(u)

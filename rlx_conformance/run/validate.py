@@ -24,6 +24,12 @@ One run, in this order:
    the same inputs in one worker process, after one warm-up call (so compiled mode's tracing
    and JIT compile are not counted). Time is Backend.run's, conversions in and out included
    (the same for both MLX kernels), the input-mutation check excluded.
+   With ``--grad`` the matrix holds OP's derivative cases too (vjp and jvp, hvp where the op
+   declares second order; generate.matrix), run through run/derivatives.py as the matrix runs
+   them: MLX's ``mx.vjp``/``mx.jvp`` through the contributed kernel, which calls the kernel's
+   own VJP/JVP when it is an ``mx.custom_function`` and differentiates through it otherwise.
+   A wrong derivative is reported by which input's (vjp, hvp) or output's (jvp) derivative is
+   wrong (:func:`derivative_label`) and where, with the built-in kernel's derivative beside.
 5. **Fuzz** (``--fuzz N``): hypothesis explores N more examples (:mod:`rlx_conformance.generate.fuzz`);
    a failure is shrunk to a minimal example.
 6. **Report**: ``results.json`` (every case), ``validate.json`` (the verdict), and a repro
@@ -47,7 +53,8 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -70,11 +77,17 @@ from rlx_conformance.generate.fuzz import (
     explore,
     hypothesis_modules,
 )
-from rlx_conformance.generate.matrix import Case, Target, fmt_value, make_inputs
+from rlx_conformance.generate.matrix import (
+    Case,
+    Target,
+    fmt_value,
+    make_inputs,
+    make_seeds,
+)
 from rlx_conformance.judge.divergences import failure_kinds, known_divergence
 from rlx_conformance.judge.stability import classify
 from rlx_conformance.ops import get_op
-from rlx_conformance.run import bundle, worker
+from rlx_conformance.run import bundle, derivatives, worker
 from rlx_conformance.run.execute import element_text, judge, mismatch
 from rlx_conformance.run.session import (
     backend_targets,
@@ -238,8 +251,10 @@ def _serve_request(cfg: dict[str, Any], req: tuple[str, dict[str, Any]], send: C
                           isinstance(e, (SpecError, UnsupportedError)))
 
 
-def _svc_run(cfg, inputs, attrs, device, mode, which="contributed", force=False):
-    """Backend.run with the contributed kernel, or (which="builtin") the built-in one."""
+@contextmanager
+def _kernel(cfg, which: str):
+    """The backend with the contributed kernel registered, or (which="builtin") the built-in
+    one for the duration."""
     b = get_backend(cfg["backend"])
     op = cfg["op"]
     contributed = b.kernels[op]
@@ -249,9 +264,21 @@ def _svc_run(cfg, inputs, attrs, device, mode, which="contributed", force=False)
             raise UnsupportedError(f"{cfg['backend']} has no built-in kernel for {op!r}")
         b.kernels[op] = builtin
     try:
-        return b.run(op, inputs, attrs, device, mode, force=force)
+        yield b
     finally:
         b.kernels[op] = contributed
+
+
+def _svc_run(cfg, inputs, attrs, device, mode, which="contributed", force=False):
+    """Backend.run with the contributed kernel, or (which="builtin") the built-in one."""
+    with _kernel(cfg, which) as b:
+        return b.run(cfg["op"], inputs, attrs, device, mode, force=force)
+
+
+def _svc_derivative(cfg, grad, inputs, attrs, cotangents, tangents, device, mode, which="contributed"):
+    """Backend.run_derivative (``grad``: vjp, jvp, hvp) through the contributed or the built-in kernel."""
+    with _kernel(cfg, which) as b:
+        return b.run_derivative(cfg["op"], grad, inputs, attrs, cotangents, tangents, device, mode)
 
 
 def _svc_unchecked(cfg, inputs, attrs, device, mode):
@@ -298,7 +325,7 @@ def _svc_time(cfg, inputs, attrs, device, mode, budget_s=0.1, max_reps=25):
     return out
 
 
-_SERVICES = {"run": _svc_run, "unchecked": _svc_unchecked, "time": _svc_time}
+_SERVICES = {"run": _svc_run, "derivative": _svc_derivative, "unchecked": _svc_unchecked, "time": _svc_time}
 
 
 class Isolated:
@@ -317,7 +344,7 @@ class Isolated:
                             hint="validate could not register the kernel")
 
     def call(self, kind: str, timeout: float | None = None, **payload: Any) -> tuple[str, Any]:
-        """One request (``kind``: run, unchecked, time) answered in the worker: ("ok", value),
+        """One request (``kind``: run, derivative, unchecked, time) answered in the worker: ("ok", value),
         ("raised", ...), or ("crash"/"timeout", why) when it killed the worker or outlived the
         limit."""
         if self._worker is None:
@@ -347,18 +374,48 @@ class Isolated:
 # -- repro bundles --------------------------------------------------------------------------------
 def write_bundle(root: Path, case: Case, inputs: list[np.ndarray], expected: list[np.ndarray] | None,
                  actual: list[np.ndarray] | None, result: res.CaseResult, *, timeout: float | None = None,
-                 judged: str | None = None) -> Path:
+                 judged: str | None = None, seeds: Any = None) -> Path:
     """The one place validate writes a repro bundle itself, through rlx_conformance.run.bundle's
     writer (inputs.npz, expected.npz, actual.npz, case.json, repro.py). The matrix's failures are
     bundled by the runner's workers (``execute(bundles=True)``); this writes the rest: failures
-    that stopped being excused by a known divergence, and the shrunk fuzz failure."""
+    that stopped being excused by a known divergence, and the shrunk fuzz failure. ``seeds``:
+    a derivative case's (matrix.Seeds)."""
     arrays = {"inputs": inputs, "expected": expected, "actual": actual}
+    if seeds is not None:
+        arrays["seeds"] = seeds
     return bundle.write_bundle(case, result, root, arrays, timeout=timeout, judged=judged)
 
 
 def rerun_command(r: res.CaseResult) -> str:
+    grad = f"--grad {r.grad} " if getattr(r, "grad", "") else ""
     return (f"rlx-conformance validate {r.op} --kernel '{r.origin}' --device {r.device} --mode {r.mode} "
-            f"--case '{r.id}'")
+            f"{grad}--case '{r.id}'")
+
+
+def derivative_label(op: str, grad: str, k: int) -> str:
+    """Which derivative result ``k`` of a ``grad`` case is, in words with the registry's input
+    names: vjp "d/d input 1 (b)", hvp "d/d input 0 (x) of the VJP (HVP)", jvp "JVP of output 0"."""
+    if grad == "jvp":
+        return f"JVP of output {k}"
+    ins = get_op(op).inputs
+    name = ins[min(k, len(ins) - 1)].name if ins else "?"
+    if ins and ins[-1].variadic and k >= len(ins) - 1:
+        name = f"{name}[{k - len(ins) + 1}]"
+    return f"d/d input {k} ({name})" + (" of the VJP (HVP)" if grad == "hvp" else "")
+
+
+def _label_derivatives(results: Sequence[res.CaseResult]) -> None:
+    """A failing derivative case's mismatch names the wrong derivatives: ``derivatives`` (their
+    labels, in order) and each listed position's ``of`` (:func:`derivative_label`)."""
+    for r in results:
+        m = r.mismatch
+        if not r.grad or not m or not m.get("first"):
+            continue
+        key = "output" if r.grad == "jvp" else "input"
+        for row in m["first"]:
+            if key in row:
+                row["of"] = derivative_label(r.op, r.grad, row[key])
+        m["derivatives"] = list(dict.fromkeys(row["of"] for row in m["first"] if "of" in row))
 
 
 # -- the verdict ----------------------------------------------------------------------------------
@@ -403,6 +460,7 @@ class Validation:
     wall_s: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
     notes: list[str] = field(default_factory=list)
+    grads: tuple[str, ...] = ()  # the derivative kinds run besides the forward (--grad)
 
     @property
     def bad_cases(self) -> list[res.CaseResult]:
@@ -450,12 +508,15 @@ class Validation:
             "summary": res.summarize(self.results),
             "by_dtype": {k: dict(v) for k, v in self.counts("dtype").items()},
             "by_family": {k: dict(v) for k, v in self.counts("family").items()},
+            "grads": list(self.grads),
+            "by_grad": {k or "forward": dict(v) for k, v in self.counts("grad").items()},
             "by_attr": {k: {val: dict(c) for val, c in vals.items()} for k, vals in self.attr_counts().items()},
-            "worst": [{"id": r.id, "outcome": r.outcome, "max_abs_err": r.max_abs_err,
+            "worst": [{"id": r.id, "grad": r.grad, "outcome": r.outcome, "max_abs_err": r.max_abs_err,
                        "max_rel_err": r.max_rel_err, "max_ulp": r.max_ulp,
                        "nonfinite_mismatches": r.nonfinite_mismatches, "mismatch": r.mismatch,
                        "message": r.message, "rerun": rerun_command(r)} for r in self.worst(10)],
-            "bad": [{"id": r.id, "outcome": r.outcome, "message": r.message, "repro": r.repro,
+            "bad": [{"id": r.id, "grad": r.grad, "outcome": r.outcome, "message": r.message, "repro": r.repro,
+                     "derivatives": (r.mismatch or {}).get("derivatives", []),
                      "rerun": rerun_command(r)} for r in self.bad_cases],
             "error_inputs": [p.to_json() for p in self.error_probes],
             "speed": self.speed,
@@ -477,8 +538,10 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
              report_dir: Path | None = None, workers: int | None = None,
              timeout: float = 60.0, fuzz: int = 0, derandomize: bool = False, strict: bool = False,
              speed_cases: int = 8, on_result: Callable[[res.CaseResult], None] | None = None,
-             on_stage: Callable[[str], None] | None = None) -> Validation:
-    """Validate ``kernel`` for ``op``; see the module docstring. Raises RlxError for usage errors."""
+             on_stage: Callable[[str], None] | None = None, grads: Sequence[str] = ()) -> Validation:
+    """Validate ``kernel`` for ``op``; see the module docstring. ``grads``: the derivative kinds
+    (matrix.GRAD_KINDS) whose cases run besides the forward ones (those the op declares).
+    Raises RlxError for usage errors."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     current: list[Any] = ["setup", t0]  # setup: loading backends and the kernel, building cases
@@ -499,6 +562,8 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
         raise RlxError("--fuzz, --speed-cases and --workers want counts >= 0, --timeout seconds > 0")
     if fuzz:
         hypothesis_modules()  # a clear one-line error now rather than after the matrix
+    if grads and not spec.derivative_kinds():
+        raise RlxError(f"--grad: {spec.name} has no derivative ({spec.not_differentiable or 'not differentiable'})")
     (target,) = backend_targets(backend, device, mode)
     b = get_backend(backend)
     if device not in b.devices():
@@ -507,7 +572,7 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
     cfg = _config(ref, spec.name, backend)
     entry = install(ref, spec.name, backend)  # RegistrationError (exit 2) for a bad signature
     try:
-        cases = build_cases([target], ops=[spec.name], dtypes=dtypes)
+        cases = build_cases([target], ops=[spec.name], dtypes=dtypes, grads=tuple(grads))
         cases = [c for c in cases if c.op == spec.name]
         if case_ids:
             wanted = {i.strip() for i in case_ids}
@@ -520,7 +585,8 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
         if not report_dir:
             report_dir = default_report_dir(f"validate-{bundle.bundle_name(spec.name)}")
         report_dir = Path(report_dir)
-        v = Validation(spec.name, entry.origin, target, report_dir=report_dir)
+        v = Validation(spec.name, entry.origin, target, report_dir=report_dir,
+                       grads=tuple(g for g in grads if g in spec.derivative_kinds()))
         stage(f"matrix: {len(cases)} cases of {spec.name} on {target}")
         # Every worker registers the kernel at start (init hook); --workers 0 runs in this
         # process, where it is registered already.
@@ -533,6 +599,7 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
             r.origin = entry.origin
         by_id = {c.id: c for c in cases}
         _recheck_divergences(v, by_id, strict, workers, timeout, stage)
+        _label_derivatives(v.results)
 
         svc = Isolated(cfg, timeout)
         try:
@@ -551,6 +618,8 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
                 stage("speed")
                 v.speed = _speed(v, by_id, svc, speed_cases, timeout)
             if fuzz:
+                if v.grads:
+                    v.notes.append("--fuzz explores the forward only; the derivatives are checked on the matrix")
                 stage(f"fuzz: {fuzz} examples")
                 _fuzz(v, spec, svc, target, fuzz, ci_derandomize(derandomize), strict, report_dir, dtypes)
         finally:
@@ -674,12 +743,25 @@ def _bundles(v: Validation, by_id: dict[str, Case], svc: Isolated, report_dir: P
         expected = arrays["expected"] if not isinstance(arrays["expected"], Exception) else None
         actual = None
         if r.outcome == "fail":
-            status, value = svc.call("run", inputs=[x.copy() for x in arrays["inputs"]], attrs=case.attr_dict,
-                                     device=case.target.device, mode=case.target.mode, force=not case.declared)
+            status, value = _call_case(svc, case, arrays["inputs"], arrays.get("seeds"))
             actual = value if status == "ok" else None
         path = write_bundle(report_dir / bundle.DIRNAME, case, arrays["inputs"], expected, actual, r,
-                            timeout=timeout, judged="fail" if actual is not None else None)
+                            timeout=timeout, judged="fail" if actual is not None else None,
+                            seeds=arrays.get("seeds"))
         r.repro = str(path.relative_to(report_dir))
+
+
+def _call_case(svc: Isolated, case: Case, inputs: list[np.ndarray], seeds: Any = None,
+               which: str = "contributed") -> tuple[str, Any]:
+    """The case's call in the isolated worker: the forward (Backend.run) or, for a derivative
+    case, Backend.run_derivative with the seeds as the matrix hands them (derivatives.handed_seeds)."""
+    kw = {"inputs": [x.copy() for x in inputs], "attrs": case.attr_dict, "device": case.target.device,
+          "mode": case.target.mode, "which": which}
+    if not case.grad:
+        return svc.call("run", force=not case.declared, **kw)
+    handed = derivatives.handed_seeds(case, seeds if seeds is not None else make_seeds(case, inputs))
+    return svc.call("derivative", grad=case.grad, cotangents=list(handed.cotangents),
+                    tangents=list(handed.tangents), **kw)
 
 
 BESIDE = 50  # failing cases whose wrong positions get the built-in kernel's values too
@@ -697,13 +779,13 @@ def _beside_builtin(v: Validation, by_id: dict[str, Case], svc: Isolated) -> Non
         case = by_id.get(r.id)
         if case is None:
             continue
-        status, value = svc.call("run", inputs=make_inputs(case), attrs=case.attr_dict, device=case.target.device,
-                                 mode=case.target.mode, which="builtin", force=not case.declared)
+        status, value = _call_case(svc, case, make_inputs(case), which="builtin")
+        key = "input" if case.grad in ("vjp", "hvp") else "output"  # which result a row is of
         for row in r.mismatch["first"]:
             if status != "ok":
                 row["builtin"] = f"({status})"
                 continue
-            out = value[row["output"]] if row["output"] < len(value) else None
+            out = value[row[key]] if row.get(key, len(value)) < len(value) else None
             pos = tuple(row["at"])
             try:
                 row["builtin"] = element_text(out, pos)
@@ -712,7 +794,8 @@ def _beside_builtin(v: Validation, by_id: dict[str, Case], svc: Isolated) -> Non
 
 
 def _speed(v: Validation, by_id: dict[str, Case], svc: Isolated, k: int, timeout: float) -> dict[str, Any]:
-    passing = [r for r in v.results if r.outcome == "pass" and r.declared and by_id.get(r.id)]
+    # the forward kernel's time (a derivative case's would time MLX's transform as well)
+    passing = [r for r in v.results if r.outcome == "pass" and r.declared and not r.grad and by_id.get(r.id)]
     if not passing:
         return {"note": "no passing case to time"}
     # largest first, round-robin over dtypes

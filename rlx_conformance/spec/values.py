@@ -10,6 +10,12 @@ sum shows: ``constant``, ``offset`` (1000 plus a small noise), ``alternating`` (
 the sum cancels), ``increasing`` (magnitudes grow along each row), ``tiny_tail`` (1, then terms
 just below half an ulp of 1: a sequential accumulator in the input's precision loses every one).
 Which classes a case gets depends on its size and dtype: :func:`classes_for`.
+Gradient cases only (:data:`GRAD_CLASSES`, declared per op with ``grad_values``) get classes
+placed where a derivative is a convention or blows up, half their elements there and the rest
+random so both sides show: ``kink`` (the domain's ``kinks``, exactly and one ulp either side),
+``near_zero`` (the same points and distances from them down to 2^-2p), ``ties`` (values shared
+by several elements and, at the same positions, by every input of the case: tied maxima,
+a == b).
 """
 from __future__ import annotations
 
@@ -26,6 +32,9 @@ from rlx_conformance.core import dtypes as dt
 VALUE_CLASSES = ("random", "special", "spread")
 # Classes where accumulation error shows; only accumulating ops declare them (ops/*.py values=).
 ACCUMULATION_CLASSES = ("constant", "offset", "alternating", "increasing", "tiny_tail")
+# Classes only derivative cases get (OpSpec.grad_values; generate/matrix.grad_classes): the points
+# where the reference's DerivativeRule.convention decides, or where the derivative is large.
+GRAD_CLASSES = ("kink", "ties", "near_zero")
 # Sizes (elements of a case's largest input): the accumulation classes from ACCUMULATION_MIN on
 # (a sequential float32 sum drifts past the accuracy budget's c ceil(log2 n) u sum|x| beyond
 # ~10^5 terms: below it they would add cases that show nothing the random class does not);
@@ -64,7 +73,14 @@ class Stream:
     """Deterministic uint64 stream and the few transformations the generators need."""
 
     def __init__(self, key: str):
+        self.key = key
         self._bg = np.random.PCG64(seed_of(key))
+
+    def shared(self, tag: str) -> Stream:
+        """A stream every input of the case gets alike: an input's stream is keyed
+        ``{input id}#{k}`` (generate/matrix.make_inputs), this one ``{input id}#{tag}``, so that
+        choices made from it (positions, pool entries) are the same for each input."""
+        return Stream(f"{self.key.rpartition('#')[0]}#{tag}")
 
     def raw(self, n: int) -> np.ndarray:
         return self._bg.random_raw(n).astype(np.uint64) if n else np.zeros(0, np.uint64)
@@ -121,6 +137,8 @@ def _float_boundaries(name: str, dtype: str, attrs: Mapping[str, Any]) -> list[f
                 t = dt.finfo(to)
                 return [t.max, -t.max, t.tiny, t.smallest_subnormal, t.smallest_subnormal / 2]
             return []
+        case "clamp_bounds":  # clamp's kinks: its attributes
+            return [float(attrs["min"]), float(attrs["max"])]
         case "int_extremes" | "shift_limits":
             return []
     raise ValueError(f"unknown boundary name {name!r} in cases/domains.toml")
@@ -143,19 +161,19 @@ def _int_boundaries(name: str, dtype: str, attrs: Mapping[str, Any]) -> list[int
     return []
 
 
-def _neighbours(values: Sequence[float], dtype: str) -> np.ndarray:
-    """Each value rounded to dtype, with its neighbours one and two ulp away (finite ones)."""
+def _neighbours(values: Sequence[float], dtype: str, steps: int = 2) -> np.ndarray:
+    """Each value rounded to dtype, with its neighbours up to ``steps`` ulp away (finite ones)."""
     npd = dt.np_dtype(dtype)
     with np.errstate(over="ignore", invalid="ignore"):
         v = np.asarray(values, np.float64).astype(npd)
     out = [v]
     up, down = v, v
     with np.errstate(all="ignore"):
-        return _steps(out, up, down, dtype, npd)
+        return _steps(out, up, down, dtype, npd, steps)
 
 
-def _steps(out, up, down, dtype, npd):
-    for _ in range(2):
+def _steps(out, up, down, dtype, npd, steps=2):
+    for _ in range(steps):
         up = np.nextafter(up, np.array(np.inf, npd)) if dtype != "bfloat16" else _next_bf16(up, +1)
         down = np.nextafter(down, np.array(-np.inf, npd)) if dtype != "bfloat16" else _next_bf16(down, -1)
         out += [up, down]
@@ -201,9 +219,30 @@ def specials(dtype: str, domain: str, attrs: Mapping[str, Any]) -> np.ndarray:
     return np.concatenate([g, _neighbours(bounds, dtype)]) if bounds else g
 
 
+def kinks(dtype: str, domain: str, attrs: Mapping[str, Any]) -> list[float]:
+    """The domain's declared ``kinks`` (numbers, or names resolved like boundaries, e.g.
+    ``clamp_bounds`` from the attributes): where the derivative of the ops drawing from it is a
+    convention (a kink, a tie) or has a pole or branch point. Empty for non-float dtypes."""
+    if not dt.is_float(dtype):
+        return []
+    out: list[float] = []
+    for k in data.load("domains")[domain].get("kinks", []):
+        out += _float_boundaries(k, dtype, attrs) if isinstance(k, str) else [float(k)]
+    return out
+
+
+def kink_points(dtype: str, domain: str, attrs: Mapping[str, Any]) -> np.ndarray:
+    """The ``kink`` class's pool: each of :func:`kinks` rounded to dtype and its neighbours one ulp
+    either side (the smoothness radius is 0 at the first, tiny at the others)."""
+    points = kinks(dtype, domain, attrs)
+    return _neighbours(points, dtype, steps=1) if points else np.zeros(0, dt.np_dtype(dtype))
+
+
 def make_array(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str, vals: str,
                attrs: Mapping[str, Any]) -> np.ndarray:
     """One input array for the given dtype, domain and value class."""
+    if vals in GRAD_CLASSES:
+        return _grad_class(stream, shape, dtype, domain, vals, attrs)
     n = math.prod(shape)
     npd = dt.np_dtype(dtype)
     spec = data.load("domains")[domain]
@@ -238,12 +277,51 @@ def make_array(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str, 
     return out.reshape(shape)
 
 
+def _grad_class(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str, vals: str,
+                attrs: Mapping[str, Any]) -> np.ndarray:
+    """A gradient-only class (module docstring): the random class's draw with half the elements
+    (chosen by a coin) replaced. Inputs that are not floating, and inputs whose domain declares no
+    kinks for ``kink``/``near_zero``, keep the random draw (a condition, an exponent, indices)."""
+    out = make_array(stream, shape, dtype, domain, "random", attrs)
+    n, npd = out.size, out.dtype
+    if not n or not dt.is_float(dtype):
+        return out
+    spec = data.load("domains")[domain]
+    lo, hi = (float(v) for v in spec["range"])
+    flat = out.reshape(-1)
+    if vals == "ties":
+        # Positions and values from the stream every input shares, drawn together so that inputs
+        # of different sizes (broadcasting) agree on their common prefix: a == b where both pick.
+        pool = np.array([lo, math.floor((lo + hi) / 2) if spec.get("integers_only") else (lo + hi) / 2,
+                         hi]).astype(npd)
+        r = stream.shared("ties").raw(n)
+        pick = (r & np.uint64(1)).astype(bool)
+        new = pool[((r >> np.uint64(1)) % np.uint64(len(pool))).astype(np.int64)]
+        return np.where(pick, new, flat).astype(npd).reshape(shape)
+    points = kink_points(dtype, domain, attrs)
+    if not len(points):
+        return out
+    pick = stream.coin(n)
+    at = points[stream.choice(n, len(points))]
+    if vals == "kink":
+        return np.where(pick, at, flat).astype(npd).reshape(shape)
+    # near_zero: a quarter at the points (and their ulp neighbours), the rest at distances
+    # 2^e, e uniform in [-2p, 0] (p: the dtype's precision), on either side; all clipped into the
+    # range (sqrt's domain [0, 100]: no negatives, where the derivative is only NaN).
+    centres = np.asarray(kinks(dtype, domain, attrs), np.float64)
+    centre = centres[stream.choice(n, len(centres))]
+    dist = np.exp2(stream.uniform(n, -2.0 * (dt.finfo(dtype).mant_bits + 1), 0.0))
+    side = np.where(stream.coin(n), 1.0, -1.0)
+    near = np.where(stream.choice(n, 4) == 0, at.astype(np.float64), centre + side * dist)
+    return np.where(pick, np.clip(near, lo, hi).astype(npd), flat).astype(npd).reshape(shape)
+
+
 def _spread(stream: Stream, n: int, dtype: str) -> np.ndarray:
     """Large magnitude, small relative spread: c (1 + 2^-10 U(-1, 1)) with c = 2^(p-2), so the low
     bits of a sum depend on the order of accumulation. Ints: near a quarter of the max (sums wrap)."""
     npd = dt.np_dtype(dtype)
     if dt.is_int(dtype):
-        lo, hi = dt.iinfo(dtype)
+        _, hi = dt.iinfo(dtype)
         c = hi // 4
         return (c + stream.integers(n, -8, 8)).astype(npd)
     fi = dt.finfo(dtype)

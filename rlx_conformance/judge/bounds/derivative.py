@@ -52,11 +52,14 @@ def roundings_for(op: str) -> Roundings:
     return Roundings(int(d["roundings"]), "default")
 
 
-def derivative_bound(op: str, result_dtype: str, magnitude: np.ndarray, terms: int) -> np.ndarray:
+def derivative_bound(op: str, result_dtype: str, magnitude: np.ndarray, terms: int,
+                     native: bool = False) -> np.ndarray:
     """The absolute error allowed at each element of one derivative result (before the final
     rounding to ``result_dtype``, which the dtype's max_ulp covers): gamma_(terms + roundings)(u)
-    times the magnitude, with u of the dtype the op computes ``result_dtype`` in."""
-    u = dt.finfo(dt.compute_dtype(result_dtype)).unit_roundoff
+    times the magnitude, with u of the dtype the op computes ``result_dtype`` in: float32 for a
+    float16/bfloat16 result, except for ops that stay in their dtype (``native``: OpSpec
+    low_precision "native", the data movement ops, whose derivatives add cotangents there)."""
+    u = dt.finfo(result_dtype if native else dt.compute_dtype(result_dtype)).unit_roundoff
     n = int(terms) + roundings_for(op).count
     with np.errstate(invalid="ignore", over="ignore"):
         return gamma(n, u) * np.asarray(magnitude, np.float64)
