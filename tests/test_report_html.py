@@ -86,7 +86,7 @@ def nightly(tmp_path_factory):
     report, lock = root / "report", root / "lock.toml"
     argv = ["nightly", "--op", ",".join(OPS), "--dtypes", "float32,int32", "--mode", "eager", "--device", "cpu",
             "--workers", "0", "--report", str(report), "--baseline", str(root / "no-baseline"),
-            "--lock", str(lock), "--update-lock", "--no-progress"]
+            "--lock", str(lock), "--update-lock", "--no-progress", "--grad", "none"]
     rc = cli.main(argv)
     return rc, report, lock
 

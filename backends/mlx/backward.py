@@ -19,6 +19,7 @@ import math
 import mlx.core as mx
 
 from rlx_conformance.backends.mlx import BACKEND
+from rlx_conformance.backends.mlx.nn import rope as _rope
 
 kernel = BACKEND.kernel
 
@@ -122,7 +123,7 @@ def gather_backward(x, indices, dy, *, axis):
 @kernel("rope_backward")
 def rope_backward(x, cos, sin, dy, *, head_dim, n_rot, style):
     """The rotation's transpose: the forward rope kernel with sin negated."""
-    return BACKEND.kernels["rope"].fn(dy, cos, -sin, head_dim=head_dim, n_rot=n_rot, style=style)
+    return _rope(dy, cos, -sin, head_dim=head_dim, n_rot=n_rot, style=style)
 
 
 @kernel("softmax_cross_entropy_backward")

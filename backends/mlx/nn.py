@@ -92,7 +92,6 @@ def attention(q, k, v, mask, *, num_heads, head_dim, mask_kind, window, score_sc
     return out.transpose(0, 2, 1, 3).reshape(b, sq, h * d)
 
 
-@kernel("rope")
 def rope(x, cos, sin, *, head_dim, n_rot, style):
     xs = x.reshape(tuple(x.shape[:-1]) + (x.shape[-1] // head_dim, head_dim))
     c = cos[:, None, :]
@@ -106,3 +105,7 @@ def rope(x, cos, sin, *, head_dim, n_rot, style):
         x1, x2 = xs[..., 0:n_rot:2], xs[..., 1:n_rot:2]
         rot = mx.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(tuple(xs.shape[:-1]) + (n_rot,))
     return mx.concatenate([rot, rest], axis=-1).reshape(x.shape)
+
+
+# registered undecorated, so that rope_backward (backward.py) reuses it in a standalone repro
+kernel("rope")(rope)
