@@ -34,6 +34,15 @@ class KernelEntry:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+def record_fields(entry: KernelEntry | None) -> dict[str, Any]:
+    """What a case's record says of the kernel that ran it: native or delegated, and its origin
+    where it is not built in (forward and derivative cases alike)."""
+    kw: dict[str, Any] = {"kernel": "native" if entry is None or entry.native else "delegated"}
+    if entry is not None and entry.origin != "builtin":
+        kw["origin"] = entry.origin
+    return kw
+
+
 def check_signature(backend: str, spec: OpSpec, fn: Callable[..., Any]) -> None:
     """The call convention: one positional parameter per input in registry order (``*args`` for a
     variadic last input), attributes as keyword parameters named as in the registry (or **kw)."""

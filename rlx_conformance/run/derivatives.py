@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.backends import get_backend
+from rlx_conformance.backends.base import record_fields
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
 from rlx_conformance.core.results import CaseResult
@@ -138,9 +139,7 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     tg = case.target
     backend = get_backend(tg.backend)
     entry = backend.kernels.get(case.op)
-    kw: dict[str, Any] = {"kernel": "native" if entry is None or entry.native else "delegated"}
-    if entry is not None and entry.origin != "builtin":
-        kw["origin"] = entry.origin
+    kw = record_fields(entry)
     t1 = time.perf_counter()
     try:
         seeds = handed_seeds(case, ref.seeds)

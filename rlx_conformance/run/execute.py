@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.backends import get_backend
+from rlx_conformance.backends.base import record_fields
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
 from rlx_conformance.core.results import CaseResult
@@ -212,9 +213,7 @@ def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     tg = case.target
     backend = get_backend(tg.backend)
     entry = backend.kernels.get(case.op)
-    kw: dict[str, Any] = {"kernel": "native" if entry is None or entry.native else "delegated"}
-    if entry is not None and entry.origin != "builtin":
-        kw["origin"] = entry.origin
+    kw = record_fields(entry)
     if tg.backend == "mlx" and entry is not None:
         stream = backend.stream_for(entry, [d for d in case.spec.case_dtypes(case.dtype, len(inputs))], tg.device)
         if stream != tg.device:
