@@ -322,11 +322,16 @@ def _dense_solve_magnitude(inputs, attrs, kind, seeds):
     """solve_magnitude's |J|-product plus its solve-rounding part (SAVED_TERMS); terms: a
     result sums n products per solve and, through A's cotangent, n per right-hand side column
     (vjp), the n^2 + n entries of A and one column of B (jvp)."""
+    return _solve_magnitude(_dense_solve_parts, inputs, attrs, kind, seeds)
+
+
+def _solve_magnitude(parts, inputs, attrs, kind, seeds):
+    """A solve's magnitude from its ``parts(inputs, attrs, kind, seeds, saved)``: the |J|-product
+    plus the solve-rounding part, and the terms of _dense_solve_magnitude's docstring."""
     a, b = inputs
     n = a.shape[-1]
     k = 1 if b.ndim == a.ndim - 1 else b.shape[-1]
-    mags = add_grads(_dense_solve_parts(inputs, attrs, kind, seeds, False),
-                     _dense_solve_parts(inputs, attrs, kind, seeds, True))
+    mags = add_grads(parts(inputs, attrs, kind, seeds, False), parts(inputs, attrs, kind, seeds, True))
     return mags, n * (k + 2) if kind == "vjp" else n * (n + 2)
 
 
@@ -469,12 +474,7 @@ def _triangular_solve_parts(inputs, attrs, kind, seeds, skeel):
 @BACKEND.magnitude("triangular_solve")
 def triangular_solve_magnitude(inputs, attrs, kind, seeds):
     """As dense_solve's: the |J|-product plus the solves' rounding (SAVED_TERMS)."""
-    a, b = inputs
-    n = a.shape[-1]
-    k = 1 if b.ndim == a.ndim - 1 else b.shape[-1]
-    mags = add_grads(_triangular_solve_parts(inputs, attrs, kind, seeds, False),
-                     _triangular_solve_parts(inputs, attrs, kind, seeds, True))
-    return mags, n * (k + 2) if kind == "vjp" else n * (n + 2)
+    return _solve_magnitude(_triangular_solve_parts, inputs, attrs, kind, seeds)
 
 
 SAVED_TERMS["triangular_solve"] = functools.partial(_triangular_solve_parts, skeel=True)
