@@ -143,6 +143,10 @@ class Backend:
     # may the precise oracle (rlx_conformance/judge/accuracy.py) accept a zero where the exact result
     # is subnormal; the case then records ftz_used. A property of the arithmetic, not a tolerance.
     ftz_devices: frozenset[str] = frozenset()
+    # What the backend does with run's ``layout`` (matrix.LAYOUTS, one per input): "views" hands
+    # its kernels views of that memory layout (MlxBackend); "values" sees only the logical values,
+    # which a layout leaves alone (the CPU reference); "" rejects every layout but contiguous.
+    layouts: str = ""
 
     def __init__(self) -> None:
         self.kernels: dict[str, KernelEntry] = {}
@@ -425,9 +429,13 @@ class Backend:
 
     # -- running ---------------------------------------------------------------------------------
     def run(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None = None,
-            device: str = "cpu", mode: str | None = None, *, force: bool = False) -> list[np.ndarray]:
+            device: str = "cpu", mode: str | None = None, *, force: bool = False,
+            layout: Sequence[str] = ()) -> list[np.ndarray]:
         """Run ``op`` once on numpy inputs; numpy outputs in the dtypes the registry declares.
-        ``force`` runs even a dtype the kernel does not claim (the declaration check uses it)."""
+        ``force`` runs even a dtype the kernel does not claim (the declaration check uses it).
+        ``layout``: how each input lies in memory (matrix.LAYOUTS, "" contiguous; matrix.
+        case_layouts), for a backend whose ``layouts`` is "views"; the inputs are the logical
+        values either way. A backend that cannot take layouts raises UnsupportedError."""
         spec = get_op(op)
         mode = mode or self.default_mode
         if mode not in self.modes:
@@ -441,6 +449,14 @@ class Backend:
         t = type_var(spec, in_dtypes) or outs[0][1]
         if not force and not self.supports(op, t, device):
             raise UnsupportedError(f"{self.name} does not support {op} on {t} on device {device}")
+        views = [lay for lay in layout if lay]
+        if views and not self.layouts:
+            raise UnsupportedError(f"{self.name} takes its inputs contiguous only, not in layout "
+                                   f"{'+'.join(sorted(set(views)))}")
+        if views and self.layouts == "views":
+            if len(layout) != len(arrays):
+                raise SpecError(f"{self.name}: {len(layout)} layout(s) for {len(arrays)} input(s)")
+            return self._execute(entry, spec, arrays, in_dtypes, attrs, outs, device, mode, layout=list(layout))
         return self._execute(entry, spec, arrays, in_dtypes, attrs, outs, device, mode)
 
     def run_unchecked(self, op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any] | None = None,

@@ -127,6 +127,23 @@ def test_nan_in_the_reference_is_asserted(monkeypatch):
     assert not comps[0].ok and comps[0].nonfinite == 1
 
 
+def test_a_result_where_the_reference_has_no_derivative_must_be_zero():
+    """attention's custom mask selects: its rule gives the mask no derivative, while the backend
+    (the mask is differentiable as a bias) returns one. Zeros agree (no cotangent flows into a
+    selector); a nonzero element does not."""
+    c = next(c for c in _cases(["attention"], targets=CPU[:1], grads=("vjp",))
+             if c.attr_dict["mask_kind"] == "custom" and c.vals == "random")
+    ref = derivatives.reference(c)
+    assert ref.expected[3] is None and all(e is not None for e in ref.expected[:3])
+    zeros = np.zeros(ref.inputs[3].shape, np.float32)
+    comps = derivatives.judge(c, ref, [e.copy() for e in ref.expected[:3]] + [zeros])
+    assert all(x.ok for x in comps)
+    zeros.flat[0] = 1e-30
+    comps = derivatives.judge(c, ref, [e.copy() for e in ref.expected[:3]] + [zeros])
+    assert [x.message for x in comps if not x.ok] == [
+        "d/d input 3: a nonzero result where the reference has no derivative"]
+
+
 def test_divergence_entries_scope_forward_and_derivatives_apart():
     fwd = SimpleNamespace(op="exp", dtype="float32", id="exp/float32/shape:3/vals:random/mlx-cpu-eager",
                           target=Target("mlx", "cpu", "eager"), grad="")

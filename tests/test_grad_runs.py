@@ -57,8 +57,9 @@ def test_a_bad_grad_option_is_a_one_line_error(value, capsys):
 
 
 def test_list_holds_the_derivative_cases_grad_selects(capsys):
-    fwd = build_cases([TARGET], ["tanh"], ["float32"])
-    every = build_cases([TARGET], ["tanh"], ["float32"], grads=GRAD_KINDS)
+    # as `list` builds them by default: with the memory-layout cases (--layouts default)
+    fwd = build_cases([TARGET], ["tanh"], ["float32"], layouts="default")
+    every = build_cases([TARGET], ["tanh"], ["float32"], grads=GRAD_KINDS, layouts="default")
     kinds = {c.grad for c in every}
     assert {"vjp", "jvp"} <= kinds and all(c.grad == "" for c in fwd)
     assert cli.main(["list", "--ops", "tanh", "--dtypes", "f32", "--mode", "compiled"]) == 0  # default: all
@@ -90,7 +91,7 @@ def test_run_grad_runs_and_records_the_derivative_cases(runs):
     root, codes = runs
     assert codes["whole"] == 0 and codes["none"] == 0
     whole, none = _doc(root / "whole"), _doc(root / "none")
-    want = build_cases([TARGET], ["tanh"], ["float32"], grads=("vjp", "jvp"))
+    want = build_cases([TARGET], ["tanh"], ["float32"], grads=("vjp", "jvp"), layouts="default")
     assert sorted(c["id"] for c in whole["cases"]) == _ids(want)
     assert {c["grad"] for c in whole["cases"]} == {"", "vjp", "jvp"}
     assert all(c["outcome"] == "pass" for c in whole["cases"])

@@ -33,10 +33,22 @@ def test_the_main_jobs_matrix_size(one_mode):
     assert m and n(m.group(1)) == len(one_mode)
 
 
+def test_the_main_jobs_layout_and_graph_cases():
+    """The layout cases `run` adds by default (--layouts default) and the graph library's cases
+    (--graphs all, the default without --ops), one mode."""
+    from rlx_conformance.generate import graphs
+    m = re.search(r"([\d,]+) memory-layout cases \(`--layouts none` leaves them out.*?\) and "
+                  r"([\d,]+) graph cases \(`--graphs none`\)", README)
+    layouts = [c for c in matrix.generate(COMPILED, layouts="default") if c.layout]
+    assert m and [n(g) for g in m.groups()] == [len(layouts), len(graphs.generate_graphs(COMPILED))]
+
+
 def test_the_main_jobs_derivative_cases():
     m = re.search(r"its derivatives \(([\d,]+) derivative cases: ([\d,]+) VJPs, ([\d,]+) JVPs, "
                   r"([\d,]+) Hessian-vector products", README)
-    kinds = Counter(c.grad for c in matrix.generate(COMPILED, grads=matrix.GRAD_KINDS))
+    # as `run` builds them: derivative cases only for the dtypes the kernel declares
+    from rlx_conformance.run.session import build_cases
+    kinds = Counter(c.grad for c in build_cases(COMPILED, grads=matrix.GRAD_KINDS) if c.grad)
     assert m and [n(g) for g in m.groups()] == [sum(kinds.values()), kinds["vjp"], kinds["jvp"], kinds["hvp"]]
 
 

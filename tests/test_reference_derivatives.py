@@ -396,9 +396,14 @@ def sample(cases: Sequence[Case]) -> list[Case]:
 
 
 @functools.cache
+def _float64_cases() -> tuple[Case, ...]:
+    return tuple(generate([Target("cpu", "cpu", "eager")], ops=WITH_RULES, dtypes=["float64"]))
+
+
+@functools.cache
 def _matrix() -> dict[str, list[Case]]:
     by_op: dict[str, list[Case]] = defaultdict(list)
-    for c in generate([Target("cpu", "cpu", "eager")], ops=WITH_RULES, dtypes=["float64"]):
+    for c in _float64_cases():
         by_op[c.op].append(c)
     return {op: sample(cs) for op, cs in by_op.items()}
 
@@ -565,3 +570,26 @@ def test_readme_figures_are_current() -> None:
     figures = tuple(int(g.replace(",", "")) for g in m.groups()) if m else None
     assert figures == (cases, status["pass"], status["no direction"], status["unresolved"],
                        status["left domain"], cases - status["no direction"])
+
+
+def test_rules_keep_the_shapes_of_empty_cases() -> None:
+    """The sample above leaves out empty cases (no direction to differentiate in), but the matrix
+    runs them: every rule must return results of its inputs' (VJP) and outputs' (JVP, HVP)
+    shapes there too (an exclusive scan's shift once turned a 0-element scan axis into 1)."""
+    bad = []
+    for c in _float64_cases():
+        if c.size() and all(math.prod(s) for s in c.shapes):
+            continue
+        xs, attrs = make_inputs(c), c.attr_dict
+        diff = _differentiable(c.op, len(xs))
+        ys = _forward(CPU, c.op, xs, attrs)
+        cots = [np.zeros(y.shape) if dt.is_float(dt.name_of(y.dtype)) else None for y in ys]
+        tans = [np.zeros(x.shape) if d else None for x, d in zip(xs, diff)]
+        try:
+            CPU.run_vjp(c.op, xs, attrs, cots)
+            CPU.run_jvp(c.op, xs, attrs, tans)
+            if CPU.derivatives[c.op].hvp is not None:
+                CPU.run_hvp(c.op, xs, attrs, cots, tans)
+        except RlxError as e:
+            bad.append(f"{c.input_id}: {e}")
+    assert not bad, "\n".join(dict.fromkeys(bad))

@@ -290,3 +290,49 @@ def test_error_inputs_fail_for_the_reason_they_name():
         (inputs, attrs), = [(i, a) for d, i, a in spec.error_inputs() if d == desc]
         with pytest.raises(SpecError, match=re.escape(fragment)):
             prevalidate(spec, inputs, attrs)
+
+
+# -- batches and channels (issue 17 item 7) --------------------------------------------------------
+# Ops with a batch or channel dimension: (input, batch axis, channel axis or None, the attribute
+# that splits the channels into groups or heads, or None). RLX's CPU backend had three batch-stride
+# bugs (GroupNorm, ResizeNearest2x, AxialRope2d at batch > 1) because only n = 1 was ever tested.
+BATCHED = {
+    "conv": (0, 0, 1, "groups"), "conv_transpose2d": (0, 0, 1, "groups"), "pool": (0, 0, 1, None),
+    "conv2d_backward_input": (0, 0, 1, "groups"), "conv2d_backward_weight": (0, 0, 1, "groups"),
+    "max_pool2d_backward": (0, 0, 1, None),
+    "layer_norm": (0, 0, None, None), "rms_norm": (0, 0, None, None),
+    "group_norm": (0, 0, 1, "num_groups"), "batch_norm_inference": (0, 0, -1, None),
+    "attention": (0, 0, None, "num_heads"), "rope": (0, 0, None, None), "rope_backward": (0, 0, None, None),
+    "mat_mul": (0, 0, None, None), "dot_general": (0, 0, None, None), "batched_dense_solve": (0, 0, None, None),
+    "softmax_cross_entropy": (0, 0, None, None),
+}
+# Families whose every op has such dimensions: a new op there must join BATCHED.
+BATCHED_FAMILIES = ("conv", "norm", "attention")
+
+
+def test_every_op_of_the_batched_families_is_listed():
+    from rlx_conformance.ops import all_ops
+
+    missing = [s.name for s in all_ops() if s.family in BATCHED_FAMILIES and s.name not in BATCHED]
+    assert not missing, f"add to BATCHED (batch and channel axes): {missing}"
+
+
+@pytest.mark.parametrize("op", sorted(BATCHED))
+def test_batched_ops_have_cases_with_batch_channels_and_groups_above_one(op):
+    """Some forward case of the op has batch > 1 together with channels > 1 and, where the op
+    groups its channels (or heads), more than one group: the strides between batch items and
+    between groups are exercised, not only n = 1."""
+    from rlx_conformance.generate.matrix import Target, generate
+
+    k, b_axis, c_axis, group_attr = BATCHED[op]
+    cases = generate([Target("cpu", "cpu", "eager")], ops=[op], dtypes=["float32"])
+    assert cases, op
+
+    def ok(c, grouped):
+        shape = c.shapes[k]
+        if len(shape) < 2 or shape[b_axis] < 2 or (c_axis is not None and shape[c_axis] < 2):
+            return False
+        return not grouped or c.attr_dict.get(group_attr, 1) > 1
+    assert any(ok(c, False) for c in cases), f"{op}: no shape family with batch (and channels) > 1"
+    if group_attr:
+        assert any(ok(c, True) for c in cases), f"{op}: no case with batch > 1 and {group_attr} > 1"

@@ -187,7 +187,8 @@ def test_tasks_of_repeats_line_up_and_go_to_other_workers():
 def test_repeat_run(tmp_path):
     out = tmp_path / "r"
     rc = cli.main(["run", "--repeat", "2", "--op", "exp", "--dtypes", "float32", "--mode", "eager,lazy",
-                   "--workers", "1", "--report", str(out), "--no-progress", "--grad", "none"])
+                   "--workers", "1", "--report", str(out), "--no-progress", "--grad", "none",
+                   "--layouts", "none"])
     assert rc == 0
     doc = json.loads((out / "results.json").read_text())
     cases = doc["cases"]

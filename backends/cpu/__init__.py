@@ -27,6 +27,7 @@ class CpuBackend(Backend):
     name = "cpu"
     modes = ("eager",)
     default_mode = "eager"
+    layouts = "values"  # the reference sees the logical values, whatever the layout
 
     def _execute(self, entry: KernelEntry, spec: OpSpec, inputs: list[np.ndarray],
                  in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec] | None, device: str,

@@ -67,3 +67,79 @@ def softmax_cross_entropy_backward(logits, targets, dy):
 def max_pool2d_backward(x, dy, *, kernel_size, stride, padding):
     attrs = {"kind": "max", "kernel_size": kernel_size, "stride": stride, "padding": padding}
     return _vjp("pool", [x], attrs, dy, 0)
+
+
+@kernel("attention_backward_q")
+def attention_backward_q(q, k, v, mask, dy, *, num_heads, head_dim, mask_kind, window, score_scale,
+                         logit_softcap):
+    attrs = dict(num_heads=num_heads, head_dim=head_dim, mask_kind=mask_kind, window=window,
+                 score_scale=score_scale, logit_softcap=logit_softcap)
+    return _vjp("attention", [q, k, v, mask], attrs, dy, 0)
+
+
+@kernel("attention_backward_k")
+def attention_backward_k(q, k, v, mask, dy, *, num_heads, head_dim, mask_kind, window, score_scale,
+                         logit_softcap):
+    attrs = dict(num_heads=num_heads, head_dim=head_dim, mask_kind=mask_kind, window=window,
+                 score_scale=score_scale, logit_softcap=logit_softcap)
+    return _vjp("attention", [q, k, v, mask], attrs, dy, 1)
+
+
+@kernel("attention_backward_v")
+def attention_backward_v(q, k, v, mask, dy, *, num_heads, head_dim, mask_kind, window, score_scale,
+                         logit_softcap):
+    attrs = dict(num_heads=num_heads, head_dim=head_dim, mask_kind=mask_kind, window=window,
+                 score_scale=score_scale, logit_softcap=logit_softcap)
+    return _vjp("attention", [q, k, v, mask], attrs, dy, 2)
+
+
+
+# -- LayerNorm/RmsNorm/GroupNorm/BatchNormInference backward: the norms' reference VJP rules -------
+@kernel("layer_norm_backward_input")
+def layer_norm_backward_input(x, gamma, beta, dy, *, axis, eps):
+    return _vjp("layer_norm", [x, gamma, beta], {"axis": axis, "eps": eps}, dy, 0)
+
+
+@kernel("layer_norm_backward_gamma")
+def layer_norm_backward_gamma(x, gamma, beta, dy, *, axis, eps):
+    return _vjp("layer_norm", [x, gamma, beta], {"axis": axis, "eps": eps}, dy, 1)
+
+
+@kernel("rms_norm_backward_input")
+def rms_norm_backward_input(x, gamma, beta, dy, *, axis, eps):
+    return _vjp("rms_norm", [x, gamma, beta], {"axis": axis, "eps": eps}, dy, 0)
+
+
+@kernel("rms_norm_backward_gamma")
+def rms_norm_backward_gamma(x, gamma, beta, dy, *, axis, eps):
+    return _vjp("rms_norm", [x, gamma, beta], {"axis": axis, "eps": eps}, dy, 1)
+
+
+@kernel("group_norm_backward_input")
+def group_norm_backward_input(x, gamma, beta, dy, *, num_groups, eps):
+    return _vjp("group_norm", [x, gamma, beta], {"num_groups": num_groups, "eps": eps}, dy, 0)
+
+
+@kernel("group_norm_backward_gamma")
+def group_norm_backward_gamma(x, gamma, beta, dy, *, num_groups, eps):
+    return _vjp("group_norm", [x, gamma, beta], {"num_groups": num_groups, "eps": eps}, dy, 1)
+
+
+@kernel("group_norm_backward_beta")
+def group_norm_backward_beta(x, gamma, beta, dy, *, num_groups, eps):
+    return _vjp("group_norm", [x, gamma, beta], {"num_groups": num_groups, "eps": eps}, dy, 2)
+
+
+@kernel("batch_norm_inference_backward_input")
+def batch_norm_inference_backward_input(x, gamma, beta, mean, var, dy, *, eps):
+    return _vjp("batch_norm_inference", [x, gamma, beta, mean, var], {"eps": eps}, dy, 0)
+
+
+@kernel("batch_norm_inference_backward_gamma")
+def batch_norm_inference_backward_gamma(x, gamma, beta, mean, var, dy, *, eps):
+    return _vjp("batch_norm_inference", [x, gamma, beta, mean, var], {"eps": eps}, dy, 1)
+
+
+@kernel("batch_norm_inference_backward_beta")
+def batch_norm_inference_backward_beta(x, gamma, beta, mean, var, dy, *, eps):
+    return _vjp("batch_norm_inference", [x, gamma, beta, mean, var], {"eps": eps}, dy, 2)

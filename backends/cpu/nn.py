@@ -8,7 +8,29 @@ import numpy as np
 
 from rlx_conformance.backends.cpu import BACKEND
 from rlx_conformance.backends.cpu._grad import SAVED_TERMS, softmax_centered, unbroadcast
-from rlx_conformance.judge.bounds.nn import allowed_keys, attention_dims, rope_pairs
+from rlx_conformance.judge.bounds.nn import (
+    allowed_keys,
+    attention_abs,
+    attention_dims,
+    attention_heads,
+    attention_magnitude,
+    attention_parts,
+    attention_unheads,
+    fold_heads,
+    rope_pairs,
+    softcap_slope,
+)
+from rlx_conformance.judge.bounds.norm_grad import (
+    batch_norm_vjp_magnitude,
+    group_abs_xhat,
+    group_terms,
+    group_vjp_magnitude,
+    trailing_vjp_magnitude,
+)
+from rlx_conformance.judge.bounds.norm_grad import normalize_magnitude as _normalize_magnitude
+from rlx_conformance.judge.bounds.norm_grad import per_channel as _per_channel
+from rlx_conformance.judge.bounds.norm_grad import stats as _stats
+from rlx_conformance.judge.bounds.norm_grad import xhat_error as _xhat_error
 
 kernel = BACKEND.kernel
 
@@ -105,13 +127,6 @@ vjp = BACKEND.vjp
 jvp = BACKEND.jvp
 
 
-def _stats(x: np.ndarray, axes: tuple[int, ...], eps: float, rms: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(xhat, r): the normalized x and the denominator sqrt(var + eps) (sqrt(mean x^2 + eps))."""
-    d = x if rms else x - np.mean(x, axis=axes, keepdims=True)
-    r = np.sqrt(np.mean(d * d, axis=axes, keepdims=True) + eps)
-    return d / r, r
-
-
 def _normalize_vjp(x, axes, eps, rms, g):
     """Jᵀ of xhat = (x - mean) / r for the cotangent g of xhat:
     (g - mean(g) - xhat mean(g xhat)) / r (rms: no mean(g) term)."""
@@ -163,48 +178,22 @@ def _trailing_rules(op: str, rms: bool) -> None:
 
     @BACKEND.magnitude(op)
     def _magnitude(inputs, attrs, kind, seeds):
-        """_normalize_magnitude for x (times |gamma|), |xhat| |u| and |u| summed over the rows
-        for gamma and beta; a result sums the n normalized elements (and three more terms)."""
+        """The VJP's: judge/bounds/norm_grad.trailing_vjp_magnitude (shared with the backward
+        ops' bounds); the JVP's: _normalize_magnitude of the tangent (times |gamma|) plus
+        |xhat| |t_gamma| + |t_beta|, as many terms."""
         x, gamma, _ = inputs
         axes = axes_of(x, attrs) if x.ndim else ()
         n = int(np.prod([x.shape[a] for a in axes])) if x.ndim else 1
         if not x.size:
             return ([np.zeros(x.shape), np.zeros(gamma.shape), np.zeros(gamma.shape)]
                     if kind == "vjp" else [np.zeros(x.shape)]), 1
+        if kind == "vjp":
+            return trailing_vjp_magnitude(x, gamma, np.abs(seeds[0]), axes, attrs["eps"], rms)
         xhat, _ = _stats(x, axes, attrs["eps"], rms)
         ag, ah = np.abs(gamma), np.abs(xhat) + _xhat_error(x, axes, attrs["eps"], rms)
         n = max(n + 3, x.size // max(gamma.size, 1))  # gamma's and beta's sums over the rows
-        if kind == "vjp":
-            u = np.abs(seeds[0])
-            lead = tuple(range(x.ndim - gamma.ndim))
-            return [_normalize_magnitude(x, axes, attrs["eps"], rms, u * ag),
-                    np.sum(u * ah, axis=lead), np.sum(u, axis=lead)], n + 3
         tx, tg, tb = (np.abs(t) for t in seeds)
         return [_normalize_magnitude(x, axes, attrs["eps"], rms, tx) * ag + ah * tg + tb], n + 3
-
-
-def _xhat_error(x, axes, eps, rms):
-    """The scale of the rounding error of the normalized values every implementation saves and
-    differentiates from: x - mean carries u (|x| + |mean|) (the centering's condition, large
-    for values of small spread), so xhat carries u (|x| + |mean|) / r; rms: one relative
-    rounding, u |xhat|."""
-    xhat, r = _stats(x, axes, eps, rms)
-    if rms:
-        return np.abs(xhat)
-    return (np.abs(x) + np.abs(np.mean(x, axis=axes, keepdims=True))) / r
-
-
-def _normalize_magnitude(x, axes, eps, rms, w):
-    """The magnitude of the terms of J w for J of xhat = (x - mean) / r, symmetric ((I - 11ᵀ/n -
-    xhat xhatᵀ/n) / r; rms: no 11ᵀ/n): (w + mean(w) + |xhat| mean(|xhat| w)) / r >= |J| w. It
-    is the rounding scale of every implementation (MLX, PyTorch, JAX all form g - mean(g) -
-    xhat mean(g xhat)), so it is kept where those terms cancel (a row of one element, values of
-    small spread), where it exceeds |J| w by far: the cancellation is the error. |xhat| is
-    taken with its own rounding error added (_xhat_error)."""
-    xhat, r = _stats(x, axes, eps, rms)
-    ah = np.abs(xhat) + _xhat_error(x, axes, eps, rms)
-    s = w + ah * np.mean(ah * w, axis=axes, keepdims=True)
-    return (s if rms else s + np.mean(w, axis=axes, keepdims=True)) / r
 
 
 def _centering_condition(x: np.ndarray, axes: tuple[int, ...], eps: float) -> float:
@@ -217,10 +206,6 @@ def _centering_condition(x: np.ndarray, axes: tuple[int, ...], eps: float) -> fl
 
 _trailing_rules("layer_norm", rms=False)
 _trailing_rules("rms_norm", rms=True)
-
-
-def _per_channel(p: np.ndarray, ndim: int) -> np.ndarray:
-    return p.reshape((1, -1) + (1,) * (ndim - 2))
 
 
 @vjp("group_norm", condition=lambda xs, attrs: _centering_condition(
@@ -253,21 +238,19 @@ def group_norm_jvp(inputs, attrs, tans):
 
 @BACKEND.magnitude("group_norm")
 def group_norm_magnitude(inputs, attrs, kind, seeds):
-    """As layer_norm's (_normalize_magnitude) over each group, gamma and beta per channel."""
+    """As layer_norm's (_normalize_magnitude) over each group, gamma and beta per channel; the
+    VJP's is judge/bounds/norm_grad.group_vjp_magnitude (shared with the backward ops' bounds)."""
     x, gamma, _ = inputs
     if not x.size:
         return ([np.zeros(x.shape), np.zeros(gamma.shape), np.zeros(gamma.shape)]
                 if kind == "vjp" else [np.zeros(x.shape)]), 1
+    if kind == "vjp":
+        return group_vjp_magnitude(x, gamma, np.abs(seeds[0]), attrs["num_groups"], attrs["eps"])
     n, g = x.shape[0], attrs["num_groups"]
     xg = x.reshape(n, g, -1)
-    ah = (np.abs(_stats(xg, (2,), attrs["eps"], False)[0]) + _xhat_error(xg, (2,), attrs["eps"], False)).reshape(x.shape)
+    ah = group_abs_xhat(x, g, attrs["eps"])
     ag = np.abs(_per_channel(gamma, x.ndim))
-    terms = max(xg.shape[2] + 3, x.size // max(gamma.size, 1))
-    if kind == "vjp":
-        u = np.abs(seeds[0])
-        other = (0,) + tuple(range(2, x.ndim))
-        mx = _normalize_magnitude(xg, (2,), attrs["eps"], False, (u * ag).reshape(n, g, -1))
-        return [mx.reshape(x.shape), np.sum(u * ah, axis=other), np.sum(u, axis=other)], terms
+    terms = group_terms(x, gamma, g)
     tx, tg, tb = (np.abs(t) for t in seeds)
     mx = _normalize_magnitude(xg, (2,), attrs["eps"], False, tx.reshape(n, g, -1)).reshape(x.shape)
     return [mx * ag + ah * _per_channel(tg, x.ndim) + _per_channel(tb, x.ndim)], terms
@@ -301,10 +284,9 @@ def batch_norm_magnitude(inputs, attrs, kind, seeds):
     and seeds -> |seed| with the mean's and variance's tangents negated make every term
     nonnegative, so they give |J|-product exactly; a VJP result of a parameter sums the rows."""
     x, gamma, beta, mean, var = inputs
+    if kind == "vjp":  # shared with the backward ops' bounds
+        return batch_norm_vjp_magnitude(x, gamma, mean, var, np.abs(seeds[0]), attrs["eps"])
     at = [np.abs(x - mean), np.abs(gamma), beta, np.zeros(mean.shape), var]
-    if kind == "vjp":
-        rows = max(x.size // max(x.shape[-1], 1), 1) if x.ndim else 1
-        return [np.abs(g) for g in batch_norm_vjp(at, attrs, [np.abs(seeds[0])])], rows
     tx, tg, tb, tm, tv = (np.abs(t) for t in seeds)
     return [np.abs(batch_norm_jvp(at, attrs, [tx, tg, tb, -tm, -tv])[0])], 5
 
@@ -467,141 +449,52 @@ def batch_norm_hvp_magnitude(inputs, attrs, cots, tans):
             0.5 * np.sum(u * ((avx + avm) * g + xm * avg + 3 * xm * g * ds / s), axis=lead) * s ** 3], count + 8
 
 
-def _heads(a: np.ndarray, b: int, s: int, h: int, d: int) -> np.ndarray:
-    return a.reshape(b, s, h, d).transpose(0, 2, 1, 3)
-
-
-def _unheads(a: np.ndarray) -> np.ndarray:
-    b, h, s, d = a.shape
-    return a.transpose(0, 2, 1, 3).reshape(b, s, h * d)
-
-
-def _attention_parts(q, k, v, mask, attrs):
-    """The forward pass in float64, with what both rules need: dims, scale, heads (k, v repeated
-    to the query heads), pre-cap scores, weights p (0 at masked keys and for queries with no key)."""
-    b, sq, sk, h, hkv, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
-    scale = attrs["score_scale"] or 1 / math.sqrt(d)
-    qh, kh, vh = _heads(q, b, sq, h, d), _heads(k, b, sk, hkv, d), _heads(v, b, sk, hkv, d)
-    kh, vh = np.repeat(kh, h // hkv, axis=1), np.repeat(vh, h // hkv, axis=1)
-    s0 = scale * (qh @ np.swapaxes(kh, -1, -2))
-    c = attrs["logit_softcap"]
-    s = c * np.tanh(s0 / c) if c > 0 else s0
-    kind = attrs["mask_kind"]
-    allowed = np.broadcast_to(allowed_keys(kind, attrs["window"], sq, sk), s.shape)
-    if kind == "custom":
-        allowed = np.broadcast_to(mask, s.shape) != 0
-    elif kind == "bias":
-        s = s + np.broadcast_to(mask, s.shape)
-        allowed = s > -np.inf
-    z = np.where(allowed, s, -np.inf)
-    m = np.max(z, axis=-1, keepdims=True)
-    e = np.where(allowed, np.exp(z - np.where(np.isfinite(m), m, 0.0)), 0.0)
-    tot = e.sum(-1, keepdims=True)
-    p = e / np.where(tot > 0, tot, 1.0)  # a query with no key: p = 0 (its output is undefined)
-    return (b, sq, sk, h, hkv, d), scale, qh, kh, vh, s0, p
-
-
-def _fold_heads(a: np.ndarray, hkv: int) -> np.ndarray:
-    """Cotangents of the repeated k/v heads summed back onto the hkv shared heads."""
-    b, h, s, d = a.shape
-    return a.reshape(b, hkv, h // hkv, s, d).sum(2)
-
-
-def _softcap_slope(s0: np.ndarray, c: float) -> np.ndarray:
-    return 1 / np.cosh(s0 / c) ** 2 if c > 0 else np.ones_like(s0)
-
-
 @vjp("attention", convention="a query that may attend to no key has an undefined output and "
      "passes no cotangent; the mask has a derivative only as an additive bias (mask_kind bias): "
      "a custom mask selects, the structural kinds take none")
 def attention_vjp(inputs, attrs, cots):
     q, k, v, mask = inputs
-    (b, sq, _, h, hkv, d), scale, qh, kh, vh, s0, p = _attention_parts(q, k, v, mask, attrs)
-    do = _heads(cots[0], b, sq, h, d)
+    (b, sq, _, h, hkv, d), scale, qh, kh, vh, s0, p = attention_parts(q, k, v, mask, attrs)
+    do = attention_heads(cots[0], b, sq, h, d)
     dv = np.swapaxes(p, -1, -2) @ do
     dp = do @ np.swapaxes(vh, -1, -2)
     ds = p * softmax_centered(p, dp, -1)  # the softmax's Jᵀ (0 where p is 0)
     gmask = unbroadcast(ds, mask.shape) if attrs["mask_kind"] == "bias" else None
-    ds0 = ds * _softcap_slope(s0, attrs["logit_softcap"])
+    ds0 = ds * softcap_slope(s0, attrs["logit_softcap"])
     dq = scale * (ds0 @ kh)
     dk = scale * (np.swapaxes(ds0, -1, -2) @ qh)
-    return [_unheads(dq), _unheads(_fold_heads(dk, hkv)), _unheads(_fold_heads(dv, hkv)), gmask]
+    return [attention_unheads(dq), attention_unheads(fold_heads(dk, hkv)), attention_unheads(fold_heads(dv, hkv)),
+            gmask]
 
 
 @jvp("attention")
 def attention_jvp(inputs, attrs, tans):
     q, k, v, mask = inputs
     tq, tk, tv, tm = tans
-    (b, sq, sk, h, hkv, d), scale, qh, kh, vh, s0, p = _attention_parts(q, k, v, mask, attrs)
-    tqh = _heads(tq, b, sq, h, d)
-    tkh = np.repeat(_heads(tk, b, sk, hkv, d), h // hkv, axis=1)
-    tvh = np.repeat(_heads(tv, b, sk, hkv, d), h // hkv, axis=1)
+    (b, sq, sk, h, hkv, d), scale, qh, kh, vh, s0, p = attention_parts(q, k, v, mask, attrs)
+    tqh = attention_heads(tq, b, sq, h, d)
+    tkh = np.repeat(attention_heads(tk, b, sk, hkv, d), h // hkv, axis=1)
+    tvh = np.repeat(attention_heads(tv, b, sk, hkv, d), h // hkv, axis=1)
     ds = scale * (tqh @ np.swapaxes(kh, -1, -2) + qh @ np.swapaxes(tkh, -1, -2))
-    ds = ds * _softcap_slope(s0, attrs["logit_softcap"])
+    ds = ds * softcap_slope(s0, attrs["logit_softcap"])
     if attrs["mask_kind"] == "bias":
         ds = ds + np.broadcast_to(tm, ds.shape)
     ds = np.where(p > 0, ds, 0.0)  # masked keys: -inf scores whatever the tangent
     dp = p * softmax_centered(p, ds, -1)
-    return [_unheads(dp @ vh + p @ tvh)]
-
-
-def _attention_abs(inputs, attrs, kind, seeds, saved: bool):
-    """The chain rule of attention_vjp / attention_jvp in absolute values (an upper bound of the
-    |J|-product: each factor by its magnitude, softmax's Jacobian by |J_s|ᵀ|g| <= p (|g| + <p, |g|>)).
-    ``saved``: with each weight p_j raised by the rounding of what a backend computes it from:
-    the scores (a dot product of length d: scale |q|·|k| in units of the judge's gamma) and
-    exp of the rounded s - m (|s - m| / (n + 2), as for softmax)."""
-    q, k, v, mask = inputs
-    (b, sq, sk, h, hkv, d), scale, qh, kh, vh, s0, p = _attention_parts(q, k, v, mask, attrs)
-    n = max(sk, 1)
-    aq, ak, av = np.abs(qh), np.abs(kh), np.abs(vh)
-    pw = p
-    if saved:
-        z = np.where(p > 0, s0, 0.0)
-        spread = np.abs(np.max(np.where(p > 0, s0, -np.inf), axis=-1, keepdims=True) - z)
-        pw = p * (1 + np.where(p > 0, spread, 0.0) / (n + 2) + abs(scale) * (aq @ np.swapaxes(ak, -1, -2)))
-    slope = np.abs(_softcap_slope(s0, attrs["logit_softcap"]))
-    if kind == "vjp":
-        do = np.abs(_heads(seeds[0], b, sq, h, d))
-        dv = np.swapaxes(pw, -1, -2) @ do
-        g = do @ np.swapaxes(av, -1, -2)
-        w = pw * (g + np.sum(pw * g, axis=-1, keepdims=True))
-        gmask = unbroadcast(w, mask.shape) if attrs["mask_kind"] == "bias" else None
-        w0 = w * slope
-        dq = abs(scale) * (w0 @ ak)
-        dk = abs(scale) * (np.swapaxes(w0, -1, -2) @ aq)
-        return [_unheads(dq), _unheads(_fold_heads(dk, hkv)), _unheads(_fold_heads(dv, hkv)), gmask]
-    tq, tk, tv, tm = seeds
-    tqh = np.abs(_heads(tq, b, sq, h, d))
-    tkh = np.abs(np.repeat(_heads(tk, b, sk, hkv, d), h // hkv, axis=1))
-    tvh = np.abs(np.repeat(_heads(tv, b, sk, hkv, d), h // hkv, axis=1))
-    ds = abs(scale) * (tqh @ np.swapaxes(ak, -1, -2) + aq @ np.swapaxes(tkh, -1, -2)) * slope
-    if attrs["mask_kind"] == "bias":
-        ds = ds + np.broadcast_to(np.abs(tm), ds.shape)
-    ds = np.where(p > 0, ds, 0.0)
-    dp = pw * (ds + np.sum(pw * ds, axis=-1, keepdims=True))
-    return [_unheads(dp @ av + pw @ tvh)]
+    return [attention_unheads(dp @ vh + p @ tvh)]
 
 
 def _attention_saved(inputs, attrs, kind, seeds):
     """The part of attention's magnitude that is the rounding of its saved scores and weights."""
-    plain = _attention_abs(inputs, attrs, kind, seeds, saved=False)
+    plain = attention_abs(inputs, attrs, kind, seeds, saved=False)
     return [None if a is None else b - a
-            for a, b in zip(plain, _attention_abs(inputs, attrs, kind, seeds, saved=True))]
+            for a, b in zip(plain, attention_abs(inputs, attrs, kind, seeds, saved=True))]
 
 
 SAVED_TERMS["attention"] = _attention_saved
-
-
-@BACKEND.magnitude("attention")
-def attention_magnitude(inputs, attrs, kind, seeds):
-    """_attention_abs with the saved terms. terms: a result sums at most d (n + 1) + n products
-    (each score a length-d dot product, each output a length-n weighted sum, and a query's or
-    key's gradient over every score it enters), plus 4 for the softmax's own roundings."""
-    q, k, v, mask = inputs
-    _, _, sk, _, _, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
-    n = max(sk, 1)
-    return _attention_abs(inputs, attrs, kind, seeds, saved=True), d * (n + 1) + n + 4
+# The magnitude (judge/bounds/nn.attention_magnitude: attention_abs with the saved terms) is the
+# judge's, shared with attention_backward_*'s bounds (judge/bounds/backward.py).
+BACKEND.magnitude("attention")(attention_magnitude)
 
 
 def _rope_views(x, head_dim, n_rot, style):

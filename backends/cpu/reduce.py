@@ -355,7 +355,7 @@ def cumsum_jvp(inputs, attrs, tans):
         t = np.flip(t, -1)
     out = np.cumsum(t, -1)
     if attrs["exclusive"]:
-        out = np.concatenate([np.zeros(out.shape[:-1] + (1,)), out[..., :-1]], -1)
+        out = _shift(out, 0.0)
     if attrs["reverse"]:
         out = np.flip(out, -1)
     return [np.moveaxis(out, -1, attrs["axis"])]
@@ -375,7 +375,10 @@ def _back(w: np.ndarray, attrs) -> np.ndarray:
 
 
 def _shift(w: np.ndarray, fill: float) -> np.ndarray:
-    """An inclusive scan made exclusive: shifted by one, ``fill`` first."""
+    """An inclusive scan made exclusive: shifted by one, ``fill`` first (an empty scan axis stays
+    empty: there is no first element to fill)."""
+    if not w.shape[-1]:
+        return w
     return np.concatenate([np.full(w.shape[:-1] + (1,), fill), w[..., :-1]], -1)
 
 

@@ -254,15 +254,21 @@ def xent_hvp_magnitude(inputs, attrs, cots, tans):
 def _xent_saved(inputs, attrs, kind, seeds):
     """MLX composes the loss from logsumexp, whose VJP is exp(l - lse) from the rounded saved lse:
     rounding lse and the difference l - lse moves p_c by p_c (|lse| + |lse - l_c|) u, so the
-    logits' partial T p - t by T times that (it dominates where p matches a one-hot target);
+    logits' partial T p - t by T times that (it dominates where p matches a one-hot target), and
+    T itself is a sum over the classes;
     the targets' partial lse - l_c cancels where l_c is near lse (values of small spread)."""
     logits, targets = inputs
     p, nll = _log_softmax_parts(logits)
     lse = nll + logits
+    c = logits.shape[-1]
     d = np.abs(np.sum(targets, -1, keepdims=True)) * p * (np.abs(lse) + np.abs(nll))
+    # the logits' partial T p - t takes T = sum_c t_c (times the cotangent: the VJP of the
+    # broadcast lse) as a sum over the C classes: gamma_C of sum_c |t_c| (C in units of u), as
+    # the targets' partial below
+    d = d + np.sum(np.abs(targets), -1, keepdims=True) * p * c
     # the targets' partial lse - l_c from the saved lse: its rounding u |lse| and the log of a
     # sum of C terms, gamma_C absolute (C, the classes, in units of u)
-    dt_ = np.abs(lse) + logits.shape[-1]
+    dt_ = np.abs(lse) + c
     if kind == "vjp":
         u = np.abs(seeds[0])[..., None]
         return [u * d, u * dt_]

@@ -30,6 +30,7 @@ from rlx_conformance.backends.base import (
 )
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError, UnsupportedError
+from rlx_conformance.generate.matrix import layout_buffer, layout_view
 from rlx_conformance.ops import get_op
 from rlx_conformance.spec.registry import OpSpec, OutSpec
 
@@ -54,6 +55,16 @@ def to_mlx(x: np.ndarray, dtype: str) -> mx.array:
     return mx.array(x, dtype=MX_DTYPES[dtype])
 
 
+def to_mlx_view(x: np.ndarray, dtype: str, layout: str) -> mx.array:
+    """numpy → an MLX view in memory layout ``layout`` (matrix.LAYOUTS; "" contiguous) holding
+    ``x``'s values: the buffer (matrix.layout_buffer) crosses into MLX as it is, then MLX's own
+    view ops (swapaxes, stepped and negative-step slices, broadcast_to) make the view, outside
+    any compiled function, so that the kernel (and mx.compile's trace) gets the strided input."""
+    if not layout:
+        return to_mlx(x, dtype)
+    return layout_view(to_mlx(layout_buffer(x, layout), dtype), layout, x.shape, mx)
+
+
 def to_numpy(a: mx.array) -> np.ndarray:
     """MLX → numpy, exactly; bfloat16 goes through its bits (numpy has no PEP 3118 bfloat16)."""
     if a.dtype == mx.bfloat16:
@@ -76,6 +87,7 @@ class MlxBackend(Backend):
     # arithmetic (1e-40 * 1 = 1e-40, 2.8e-45 = 1e-45 + 1e-45, measured on 0.32.4). The subnormal
     # losses of its exp-based kernels are accuracy findings (cases/known_divergences.toml).
     ftz_devices: frozenset[str] = frozenset()
+    layouts = "views"  # run(layout=...) hands the kernel views (to_mlx_view)
 
     def __init__(self) -> None:
         super().__init__()
@@ -120,8 +132,12 @@ class MlxBackend(Backend):
 
     def _execute(self, entry: KernelEntry, spec: OpSpec, inputs: list[np.ndarray],
                  in_dtypes: list[str], attrs: dict[str, Any], outs: list[OutSpec] | None, device: str,
-                 mode: str) -> list[np.ndarray]:
+                 mode: str, layout: Sequence[str] | None = None) -> list[np.ndarray]:
+        """``layout``: each input's memory layout (to_mlx_view); None, all contiguous. A float16
+        or bfloat16 input of an op computed in float32 is widened by an astype of the view (a
+        strided read), so the op's own kernel gets a contiguous copy there."""
         cdts = compute_dtypes(spec, in_dtypes)
+        lays = list(layout) if layout else [""] * len(inputs)
         out_dtypes = [d for _, d in outs] if outs is not None else []
         # Contributed kernels: the graph also returns the inputs as the kernel left them, compared
         # with the pristine inputs below (in compiled mode a write to an input is invisible outside
@@ -129,11 +145,13 @@ class MlxBackend(Backend):
         check = outs is not None and bool(entry.options.get("check_inputs"))
         stream = mx.cpu if self.stream_for(entry, in_dtypes + out_dtypes, device) == "cpu" else mx.gpu
         with mx.stream(stream):
-            args = [to_mlx(x, d) for x, d in zip(inputs, in_dtypes)]
+            args = [to_mlx_view(x, d, lay) for x, d, lay in zip(inputs, in_dtypes, lays)]
             if mode == "compiled":
-                # Keyed by shapes too: the traced graph bakes in the declared output shapes.
+                # Keyed by shapes too: the traced graph bakes in the declared output shapes; and
+                # by layout, so that each layout is traced afresh as a model's first call is.
                 key = (spec.name, repr(sorted(attrs.items())), tuple(in_dtypes),
-                       tuple(x.shape for x in inputs), str(stream), id(entry.fn), outs is None, check)
+                       tuple(x.shape for x in inputs), str(stream), id(entry.fn), outs is None, check,
+                       tuple(lays))
                 fn = self._compiled.get(key)
                 if fn is None:
                     fn = self._compiled[key] = mx.compile(self._graph(entry, spec, attrs, cdts, outs, None, check))
@@ -225,6 +243,79 @@ class MlxBackend(Backend):
         for k, r in zip(diff, res):
             out[k] = r
         return out
+
+    # RLX's MLX backend compiles a whole graph only up to this many nodes (RLX_MLX_COMPILE_MAX_NODES,
+    # default 1536) and runs larger ones lazily; run_graph compiles them anyway and says so.
+    RLX_COMPILE_MAX_NODES = 1536
+
+    def run_graph(self, graph: Any, inputs: Mapping[str, np.ndarray], device: str = "cpu",
+                  mode: str | None = None) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """A graph case (ops/graphs.Resolved) as one MLX function over the nodes' registered
+        kernels, each node as :meth:`run` runs it (widen to its compute dtypes → kernel →
+        contract check → narrow to its declared dtype): eager evaluates after every node, lazy
+        once at the end, compiled runs ``mx.compile`` of the whole function, one per (graph,
+        dtype, attributes, stream) and so traced afresh at each new input shape (MLX's compile
+        cache). A host-delegated kernel cannot be traced: compiled mode then runs lazily, as
+        RLX's fallback does. Returns the outputs (numpy) and notes for the record."""
+        mode = mode or self.default_mode
+        if mode not in self.modes:
+            raise SpecError(f"{self.name}: unknown mode {mode!r} (modes: {', '.join(self.modes)})")
+        if device not in self.devices():
+            raise UnsupportedError(f"{self.name}: device {device!r} is not available on this machine")
+        notes: dict[str, Any] = {"nodes": len(graph.nodes)}
+        entries, dtypes = [], []
+        for n in graph.nodes:
+            entry = self.entry(n.op)
+            t = next((d for _, d in n.in_specs if dt.is_float(d)), n.in_specs[0][1])
+            if not self.supports(n.op, t, device):
+                raise UnsupportedError(f"{self.name} does not support {n.op} on {t} on device {device} "
+                                       f"(graph node {n.name})")
+            entries.append(entry)
+            dtypes += [d for _, d in n.in_specs] + [d for _, d in n.outs]
+        if mode == "compiled" and not all(e.native for e in entries):
+            notes["fallback"] = "lazy: a host-delegated kernel cannot be traced (RLX's fallback)"
+            mode = "lazy"
+        if mode == "compiled" and len(graph.nodes) > self.RLX_COMPILE_MAX_NODES:
+            notes["above_compile_limit"] = (f"{len(graph.nodes)} nodes > RLX_MLX_COMPILE_MAX_NODES "
+                                            f"{self.RLX_COMPILE_MAX_NODES}: RLX runs it lazily; compiled here")
+        on_cpu = device == "cpu" or "float64" in dtypes or any(e.options.get("cpu_stream") for e in entries)
+        stream = mx.cpu if on_cpu else mx.gpu
+        names = [name for name, _ in graph.inputs]
+        holder = self._compiled.setdefault(("graph-current",), {})
+        # the structure (edges, inputs, outputs) and the kernels too: the shrinker and the fuzzer
+        # run many graphs of one name, and a test may replace a kernel
+        key = ("graph", graph.graph.name, graph.dtype, str(stream), tuple(names), graph.outputs,
+               repr([(n.op, n.inputs, sorted(n.attrs.items())) for n in graph.nodes]),
+               tuple(id(e.fn) for e in entries))
+        holder[key] = (graph, entries)
+
+        def function(*args):
+            g, ents = holder[key]  # the graph at the shapes of this call (set before each call)
+            env = dict(zip(names, args))
+            for n, entry in zip(g.nodes, ents):
+                spec = get_op(n.op)
+                cdts = compute_dtypes(spec, [d for _, d in n.in_specs])
+                res = self._graph(entry, spec, n.attrs, cdts, list(n.outs), None)(*[env[x] for x in n.inputs])
+                if mode == "eager":
+                    mx.eval(res)
+                env[n.name] = res[0]
+                for k, r in enumerate(res[1:], 1):
+                    env[f"{n.name}#{k}"] = r
+            return [env[o] for o in g.outputs]
+
+        with mx.stream(stream):
+            args = [to_mlx(inputs[name], d) for name, (_, d) in graph.inputs]
+            if mode == "compiled":
+                fn = self._compiled.get(key)
+                if fn is None:
+                    fn = self._compiled[key] = mx.compile(function)
+                res = fn(*args)
+            else:
+                res = function(*args)
+            mx.eval(res)
+        if stream == mx.cpu and device != "cpu":
+            notes["stream"] = "cpu"
+        return [to_numpy(r) for r in res], notes
 
     def _graph(self, entry, spec, attrs, cdts, outs, step, check=False):
         """widen → kernel → contract check → narrow, with ``step`` (mx.eval in eager mode) between.

@@ -2,9 +2,10 @@
 backward op kinds: from MLX primitives, never through mx.vjp of the forward (that is what the
 gradient cases of the forward ops check). relu: a select on x > 0; the activations: their
 derivative formulas; the conv input gradient: a transposed convolution of dy (mx.conv_transpose2d,
-with the output_padding that restores x's size); the conv weight gradient: a convolution of x
-with dy as the kernel (batch and channels swapped, the conv's stride as the kernel dilation),
-per group; cumsum: a cumsum of dy the other way; gather: dy added into zeros at the indices;
+with the output_padding that restores x's size; with asymmetric padding the full transposed
+convolution cropped); the conv weight gradient: a convolution of x (padded as the conv pads it,
+asymmetrically too) with dy as the kernel (batch and channels swapped, the conv's stride as the
+kernel dilation), per group; cumsum: a cumsum of dy the other way; gather: dy added into zeros at the indices;
 rope: rope's own kernel with sin negated (the inverse rotation); softmax cross-entropy: dy times
 softmax(logits) * sum(targets) - targets; max pooling: each window's first argmax (mx.argmax over the
 window view) gets the window's dy, added back tap by tap into the padded input.
@@ -19,6 +20,7 @@ import math
 import mlx.core as mx
 
 from rlx_conformance.backends.mlx import BACKEND
+from rlx_conformance.backends.mlx.nn import _structural_mask
 from rlx_conformance.backends.mlx.nn import rope as _rope
 
 kernel = BACKEND.kernel
@@ -70,15 +72,24 @@ def activation_backward(x, dy, *, activation):
 @kernel("conv2d_backward_input")
 def conv2d_backward_input(x, w, bias, dy, *, kernel_size, stride, padding, dilation, groups):
     """dx = conv_transpose2d(dy, w): w [Cout, Cin/g, kh, kw] read as a transposed conv's weight
-    [Cin_t = Cout, Cout_t/g = Cin/g], regrouped to MLX's [Cin, kh, kw, Cout/g]."""
+    [Cin_t = Cout, Cout_t/g = Cin/g], regrouped to MLX's [Cin, kh, kw, Cout/g]. Symmetric padding:
+    the conv's padding and the output_padding that restores x's size; asymmetric (begins, ends):
+    the full transposed conv (padding 0), cropped from the begin padding to x's size, zeros
+    appended where x has positions no window reads."""
     cout, cg, kh, kw = w.shape
     og = cout // groups
-    st, pd, dl = _pair(stride, 1), _pair(padding, 0), _pair(dilation, 1)
-    outpad = [int(n - ((o - 1) * s - 2 * p + d * (k - 1) + 1))
+    st, dl = _pair(stride, 1), _pair(dilation, 1)
+    lo, hi = _pool_padding(padding)
+    pd = lo if lo == hi else [0, 0]
+    outpad = [int(n - ((o - 1) * s - 2 * p + d * (k - 1) + 1)) if lo == hi else 0
               for n, o, s, p, d, k in zip(x.shape[2:], dy.shape[2:], st, pd, dl, (kh, kw))]
     wm = w.reshape(groups, og, cg, kh, kw).transpose(0, 2, 3, 4, 1).reshape(groups * cg, kh, kw, og)
     y = mx.conv_transpose2d(mx.moveaxis(dy, 1, -1), wm, stride=tuple(st), padding=tuple(pd),
                             dilation=tuple(dl), output_padding=tuple(outpad), groups=groups)
+    if lo != hi:  # y [N, Hfull, Wfull, Cin]: x position i is full position i + lo
+        h, wd = x.shape[2:]
+        y = mx.pad(y, [(0, 0)] + [(0, max(0, b + n - f)) for b, n, f in zip(lo, (h, wd), y.shape[1:3])] + [(0, 0)])
+        y = y[:, lo[0]:lo[0] + h, lo[1]:lo[1] + wd, :]
     return mx.moveaxis(y, -1, 1)
 
 
@@ -89,8 +100,9 @@ def conv2d_backward_weight(x, w, bias, dy, *, kernel_size, stride, padding, dila
     dilation = the conv's stride, stride = its dilation, cropped to the kernel size."""
     cout, cg, kh, kw = w.shape
     og = cout // groups
-    st, pd, dl = _pair(stride, 1), _pair(padding, 0), _pair(dilation, 1)
-    xp = mx.pad(x, [(0, 0), (0, 0), (pd[0], pd[0]), (pd[1], pd[1])])
+    st, dl = _pair(stride, 1), _pair(dilation, 1)
+    lo, hi = _pool_padding(padding)  # (begins, ends): 4 values asymmetric, else symmetric
+    xp = mx.pad(x, [(0, 0), (0, 0), (lo[0], hi[0]), (lo[1], hi[1])])
     parts = []
     for g in range(groups):
         xs = xp[:, g * cg:(g + 1) * cg].transpose(1, 2, 3, 0)          # [Cin/g, H, W, N]
@@ -159,3 +171,184 @@ def _pool_padding(values) -> tuple[list[int], list[int]]:
         return [int(v) for v in values[:2]], [int(v) for v in values[2:]]
     sym = _pair(values, 0)
     return sym, list(sym)
+
+
+# -- AttentionBackward: the standard backward, P recomputed as the forward computes it -------------
+def _attention_backward(q, k, v, mask, dy, num_heads, head_dim, mask_kind, window, score_scale,
+                        logit_softcap, wrt: str):
+    """P = softmax of the scores (scale, softcap, mask as backends/mlx/nn.py's composed path),
+    dV = P^T dY, dP = dY V^T, dS = P * (dP - rowsum(dP * P)) through the softcap's slope
+    1 - tanh^2, dQ = scale dS K, dK = scale dS^T Q; the query heads of a shared kv head summed
+    into it. A query that may attend to no key (a custom mask of zeros, a bias of -inf) gets
+    P = 0, so it passes no cotangent, as a fused backward's masked rows do. (float16/bfloat16
+    arrive widened to float32, attention's compute dtype: the backend's compute_dtypes.)"""
+    b, sq, _ = q.shape
+    sk = k.shape[1]
+    h, d = num_heads, head_dim
+    hkv = k.shape[-1] // d
+    rep = h // hkv
+    scale = score_scale or 1 / math.sqrt(d)
+    qh = q.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
+    kh = mx.repeat(k.reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), rep, axis=1)
+    vh = mx.repeat(v.reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), rep, axis=1)
+    do = dy.reshape(b, sq, h, d).transpose(0, 2, 1, 3)
+    s = (qh * scale) @ mx.swapaxes(kh, -1, -2)
+    if logit_softcap:
+        t = mx.tanh(s / logit_softcap)
+        s = logit_softcap * t
+    if mask_kind in ("causal", "sliding_window"):
+        allowed = _structural_mask(mask_kind, window, sq, sk)
+        s = mx.where(allowed, s, -mx.inf)
+    elif mask_kind == "custom":
+        allowed = mask != 0
+        s = mx.where(allowed, s, -mx.inf)
+    elif mask_kind == "bias":
+        s = s + mask
+        allowed = s > -mx.inf
+    else:
+        allowed = None
+    p = mx.softmax(s, axis=-1, precise=True)
+    if allowed is not None:  # a query with no key: softmax of -inf only is NaN; it passes nothing
+        live = mx.any(mx.broadcast_to(allowed, s.shape), axis=-1, keepdims=True)
+        p = mx.where(live, p, mx.zeros_like(p))
+    if wrt == "v":
+        g = mx.swapaxes(p, -1, -2) @ do
+    else:
+        dp = do @ mx.swapaxes(vh, -1, -2)
+        ds = p * (dp - mx.sum(dp * p, axis=-1, keepdims=True))
+        if logit_softcap:
+            ds = ds * (1 - t * t)
+        g = scale * (ds @ kh) if wrt == "q" else scale * (mx.swapaxes(ds, -1, -2) @ qh)
+    if wrt != "q":
+        g = g.reshape(b, hkv, rep, sk, d).sum(axis=2)
+    heads = g.shape[1]
+    return g.transpose(0, 2, 1, 3).reshape(b, g.shape[2], heads * d)
+
+
+@kernel("attention_backward_q")
+def attention_backward_q(q, k, v, mask, dy, *, num_heads, head_dim, mask_kind, window, score_scale,
+                         logit_softcap):
+    return _attention_backward(q, k, v, mask, dy, num_heads, head_dim, mask_kind, window, score_scale,
+                               logit_softcap, "q")
+
+
+@kernel("attention_backward_k")
+def attention_backward_k(q, k, v, mask, dy, *, num_heads, head_dim, mask_kind, window, score_scale,
+                         logit_softcap):
+    return _attention_backward(q, k, v, mask, dy, num_heads, head_dim, mask_kind, window, score_scale,
+                               logit_softcap, "k")
+
+
+@kernel("attention_backward_v")
+def attention_backward_v(q, k, v, mask, dy, *, num_heads, head_dim, mask_kind, window, score_scale,
+                         logit_softcap):
+    return _attention_backward(q, k, v, mask, dy, num_heads, head_dim, mask_kind, window, score_scale,
+                               logit_softcap, "v")
+
+
+# -- LayerNorm/RmsNorm/GroupNorm/BatchNormInference backward --------------------------------------
+# The textbook formulas from MLX primitives, float16/bfloat16 computed in float32 and rounded once
+# (RLX's prepare_f32_exec_graph, as the forward norms are: mx.fast.layer_norm/rms_norm accumulate
+# in float32); the statistics recomputed from x two-pass, as the forward computes them.
+def _wide(a):
+    return a.astype(mx.float32) if a.dtype in (mx.float16, mx.bfloat16) else a
+
+
+def _norm_parts(x2, eps, rms: bool):
+    """(xhat, 1/sigma) over the last axis of x2 [rows, n]."""
+    d = x2 if rms else x2 - mx.mean(x2, axis=-1, keepdims=True)
+    rs = mx.rsqrt(mx.mean(d * d, axis=-1, keepdims=True) + eps)
+    return d * rs, rs
+
+
+def _norm_dx(x2, g, eps, rms: bool):
+    """dx = (g - mean(g) - xhat mean(g xhat)) / sigma per row (rms: no mean(g)), g = dy gamma."""
+    xhat, rs = _norm_parts(x2, eps, rms)
+    t = g - xhat * mx.mean(g * xhat, axis=-1, keepdims=True)
+    return (t if rms else t - mx.mean(g, axis=-1, keepdims=True)) * rs
+
+
+def _trailing(x, gamma, dy, axis):
+    """x and dy as [rows, n] over the normalized trailing dims, gamma as [n], widened."""
+    a = axis % x.ndim
+    n = math.prod(x.shape[a:])
+    shape = (math.prod(x.shape[:a]), n)
+    return _wide(x).reshape(shape), _wide(gamma).reshape(n), _wide(dy).reshape(shape)
+
+
+def _trailing_backward_input(x, gamma, dy, axis, eps, rms: bool):
+    x2, g, d2 = _trailing(x, gamma, dy, axis)
+    return _norm_dx(x2, d2 * g, eps, rms).reshape(x.shape).astype(x.dtype)
+
+
+def _trailing_backward_gamma(x, gamma, dy, axis, eps, rms: bool):
+    x2, _, d2 = _trailing(x, gamma, dy, axis)
+    return mx.sum(d2 * _norm_parts(x2, eps, rms)[0], axis=0).reshape(gamma.shape).astype(gamma.dtype)
+
+
+@kernel("layer_norm_backward_input")
+def layer_norm_backward_input(x, gamma, beta, dy, *, axis, eps):
+    return _trailing_backward_input(x, gamma, dy, axis, eps, rms=False)
+
+
+@kernel("layer_norm_backward_gamma")
+def layer_norm_backward_gamma(x, gamma, beta, dy, *, axis, eps):
+    return _trailing_backward_gamma(x, gamma, dy, axis, eps, rms=False)
+
+
+@kernel("rms_norm_backward_input")
+def rms_norm_backward_input(x, gamma, beta, dy, *, axis, eps):
+    return _trailing_backward_input(x, gamma, dy, axis, eps, rms=True)
+
+
+@kernel("rms_norm_backward_gamma")
+def rms_norm_backward_gamma(x, gamma, beta, dy, *, axis, eps):
+    return _trailing_backward_gamma(x, gamma, dy, axis, eps, rms=True)
+
+
+def _per_channel(p, ndim: int):
+    return p.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+def _channel_sum(v):
+    """Sum over every dim of [N, C, ...] but the channels."""
+    return mx.sum(v, axis=[0] + list(range(2, v.ndim)))
+
+
+@kernel("group_norm_backward_input")
+def group_norm_backward_input(x, gamma, beta, dy, *, num_groups, eps):
+    n = x.shape[0]
+    g = _wide(dy) * _per_channel(_wide(gamma), x.ndim)
+    dx = _norm_dx(_wide(x).reshape(n, num_groups, -1), g.reshape(n, num_groups, -1), eps, rms=False)
+    return dx.reshape(x.shape).astype(x.dtype)
+
+
+@kernel("group_norm_backward_gamma")
+def group_norm_backward_gamma(x, gamma, beta, dy, *, num_groups, eps):
+    xhat = _norm_parts(_wide(x).reshape(x.shape[0], num_groups, -1), eps, rms=False)[0].reshape(x.shape)
+    return _channel_sum(_wide(dy) * xhat).astype(gamma.dtype)
+
+
+@kernel("group_norm_backward_beta")
+def group_norm_backward_beta(x, gamma, beta, dy, *, num_groups, eps):
+    return _channel_sum(_wide(dy)).astype(beta.dtype)
+
+
+def _leading_sum(v):
+    """Sum over every dim but the last (the features)."""
+    return mx.sum(v, axis=list(range(v.ndim - 1))) if v.ndim > 1 else v
+
+
+@kernel("batch_norm_inference_backward_input")
+def batch_norm_inference_backward_input(x, gamma, beta, mean, var, dy, *, eps):
+    return (_wide(dy) * (_wide(gamma) * mx.rsqrt(_wide(var) + eps))).astype(x.dtype)
+
+
+@kernel("batch_norm_inference_backward_gamma")
+def batch_norm_inference_backward_gamma(x, gamma, beta, mean, var, dy, *, eps):
+    return (_leading_sum(_wide(dy) * (_wide(x) - _wide(mean))) * mx.rsqrt(_wide(var) + eps)).astype(gamma.dtype)
+
+
+@kernel("batch_norm_inference_backward_beta")
+def batch_norm_inference_backward_beta(x, gamma, beta, mean, var, dy, *, eps):
+    return _leading_sum(_wide(dy)).astype(beta.dtype)

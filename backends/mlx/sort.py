@@ -13,11 +13,14 @@ kernel = BACKEND.kernel
 
 
 def stable_order(x: mx.array, axis: int, descending: bool) -> mx.array:
+    """The sorting permutation, behind mx.stop_gradient: integer indices carry no derivative, and
+    MLX's autodiff refuses to differentiate a take_along_axis through indices computed from the
+    differentiated input ("Cannot calculate VJP with respect to indices")."""
     if not descending:
-        return mx.argsort(x, axis=axis).astype(mx.int64)
+        return mx.stop_gradient(mx.argsort(x, axis=axis).astype(mx.int64))
     n = x.shape[axis]
     rev = mx.argsort(mx.flip(x, axis=axis), axis=axis).astype(mx.int64)
-    return (n - 1) - mx.flip(rev, axis=axis)
+    return mx.stop_gradient((n - 1) - mx.flip(rev, axis=axis))
 
 
 @kernel("sort", note="ascending: mx.sort; descending: take_along_axis of the mirrored stable order")

@@ -6,6 +6,7 @@ a regression (diff.py says what counts), not on known or baseline failures: the 
 what got worse."""
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 from collections import Counter
@@ -22,8 +23,10 @@ from rlx_conformance.cli.diff import (
 from rlx_conformance.cli.exhaustive import print_table
 from rlx_conformance.cli.options import (
     add_grad_option,
+    add_layouts_option,
     check_devices,
     grads,
+    layout_cases,
     print_summary,
     progress,
     split,
@@ -36,6 +39,7 @@ from rlx_conformance.generate.matrix import Target
 from rlx_conformance.report import html as report_html
 from rlx_conformance.report import junit, records, stats
 from rlx_conformance.report.diff import compare
+from rlx_conformance.run import fuzz_graphs
 from rlx_conformance.run.exhaustive import run_exhaustive, selected_dtypes, unary_ops
 from rlx_conformance.run.session import (
     backend_targets,
@@ -45,6 +49,7 @@ from rlx_conformance.run.session import (
 )
 
 DEFAULT_BASELINE = Path("reports") / "baseline"
+FUZZ_GRAPHS_S = 300.0  # the graph fuzzer's time after the matrix (some 300 graphs in three modes on a CPU)
 
 
 def _backends(names: list[str] | None) -> list[str]:
@@ -81,7 +86,8 @@ def write_stats(path: Path, cases: list[records.Record]) -> None:
 
 def cmd_nightly(args) -> int:
     tgs = targets(args)
-    cases = build_cases(tgs, split(args.ops), split(args.dtypes), tf32=args.tf32, grads=grads(args))
+    cases = layout_cases(args, build_cases(tgs, split(args.ops), split(args.dtypes), tf32=args.tf32,
+                                           grads=grads(args), layouts=args.layouts))
     if not cases:
         raise RlxError("no cases selected")
     tholds = thresholds(args)  # bad options fail before the run, not after it
@@ -118,7 +124,23 @@ def cmd_nightly(args) -> int:
     report_html.write(new, report / "report.html", diff=d, lock=d.lock, exhaustive=sweep,
                       coverage=coverage_of_run(r["op"] for r in new.cases))
     print(f"report: {report / 'report.html'}")
-    return 1 if d.regression or (sweep is not None and sweep["failed"]) else 0
+    fuzz_failed = _fuzz_graphs(args, report, tgs)
+    return 1 if d.regression or (sweep is not None and sweep["failed"]) or fuzz_failed else 0
+
+
+def _fuzz_graphs(args, report: Path, tgs: list[Target]) -> bool:
+    """The graph fuzzer (issue 17 item 5) on the MLX targets for --fuzz-graphs seconds, seeded by
+    the date so that each night draws other graphs (the summary line names the seed: rerun it
+    with ``fuzz-graphs --seed``); True when it found a failure no known divergence explains (its
+    graph and bundle go under the report dir)."""
+    mlx = [t for t in tgs if t.backend == "mlx"]
+    budget = args.fuzz_graphs if args.fuzz_graphs is not None else (0 if args.ops else FUZZ_GRAPHS_S)
+    if budget <= 0 or not mlx:
+        return False
+    seed = int(datetime.date.today().strftime("%Y%m%d"))
+    rep = fuzz_graphs.fuzz_graphs(None, seed, mlx, time_budget=budget, report_dir=report)
+    print(rep.summary())
+    return rep.failure is not None
 
 
 def _exhaustive(args, report: Path, tgs: list[Target]) -> dict | None:
@@ -151,10 +173,14 @@ def register(sub) -> None:
     p.add_argument("--tf32", choices=("on", "off", "both"), default=None,
                    help="MLX_ENABLE_TF32 for the workers, as for `run` (default: as the environment says)")
     add_grad_option(p)
+    add_layouts_option(p, default="all")  # every layout of every forward case (issue 17)
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run (default 60)")
     p.add_argument("--show", type=int, default=25, help="rows per list in the terminal (default 25)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--fuzz-graphs", type=float, default=None, metavar="SECONDS",
+                   help=f"run the graph fuzzer this long after the matrix (default {FUZZ_GRAPHS_S:g} without "
+                        "--ops, 0 with it: a run of some ops is about those ops; 0: not at all)")
     p.add_argument("--no-exhaustive", action="store_true",
                    help="skip the exhaustive float16/bfloat16 sweep of the unary ops")
     add_diff_options(p)

@@ -1,5 +1,6 @@
 """Options and output shared by several commands: matrix selection (--backend/--device/--mode/
---ops/--dtypes/--tf32, --grad: add_grad_option, the devices checked against this machine:
+--ops/--dtypes/--tf32, --grad: add_grad_option, --layouts: add_layouts_option, the devices
+checked against this machine:
 check_devices), case ids
 (find_cases), sharding and sampling, the progress bar and the end-of-run summary (text through
 cli/_output.py, or summary_doc for --format json)."""
@@ -23,7 +24,7 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.cli import _output as out
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
-from rlx_conformance.generate.matrix import DTYPE_ABBREVIATIONS, Case, Target
+from rlx_conformance.generate.matrix import DTYPE_ABBREVIATIONS, LAYOUT_SETTINGS, Case, Target
 from rlx_conformance.judge.stability import classify, summary_line
 from rlx_conformance.run.session import (
     backend_targets,
@@ -61,6 +62,27 @@ def add_grad_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad", default="all", metavar="KINDS",
                    help="derivative cases to run besides the forward ones: all (default), none, "
                         "or kinds among vjp, jvp, hvp, comma-separated")
+
+
+def add_layouts_option(p: argparse.ArgumentParser, default: str = "default") -> None:
+    """--layouts: which forward cases also run with their inputs as views (issue 17:
+    matrix.LAYOUTS, matrix.generate), and --no-contiguous: those cases alone."""
+    p.add_argument("--layouts", default=default, choices=LAYOUT_SETTINGS,
+                   help="memory layouts (transposed, strided, offset, reversed, broadcast, mixed "
+                        "views of the inputs) besides the contiguous cases: none; default, each layout "
+                        "once per op and shape family; all, every forward case in every layout "
+                        f"(default: {default})")
+    p.add_argument("--no-contiguous", action="store_true",
+                   help="only the layout cases (--layouts), not the contiguous ones (nor derivatives)")
+
+
+def layout_cases(args, cases: list[Case]) -> list[Case]:
+    """``cases`` less the contiguous ones under --no-contiguous (a usage error with --layouts none)."""
+    if not getattr(args, "no_contiguous", False):
+        return cases
+    if args.layouts == "none":
+        raise RlxError("--no-contiguous runs the layout cases alone; --layouts none leaves none")
+    return [c for c in cases if c.layout]
 
 
 def grads(args) -> tuple[str, ...]:

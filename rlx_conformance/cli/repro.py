@@ -8,7 +8,9 @@ import argparse
 from pathlib import Path
 
 from rlx_conformance.cli import _output as out
+from rlx_conformance.cli._graphs import find_graph_cases
 from rlx_conformance.cli.options import STILL_FAILING, find_cases
+from rlx_conformance.generate.graphs import is_graph
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.runner import DEFAULT_TIMEOUT, Runner
 
@@ -29,7 +31,9 @@ def register(sub) -> None:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    (case,) = find_cases([args.case_id])
+    # a graph case (graph:NAME/...) is regenerated from cases/graphs.toml; its bundle holds the
+    # shrunk graph (run/graph_bundle.py)
+    (case,) = find_graph_cases([args.case_id]) if is_graph(args.case_id) else find_cases([args.case_id])
     report = Path(args.report)
     sink = BundleSink(report, always=True, timeout=args.timeout)
     (r,) = list(Runner(workers=1, timeout=args.timeout, bundles=sink).run([case]))

@@ -11,11 +11,14 @@ from pathlib import Path
 from rlx_conformance.cli import _output as out
 from rlx_conformance.cli.exhaustive import add_run_option as add_exhaustive_option
 from rlx_conformance.cli.exhaustive import sweep_after_run
+from rlx_conformance.cli._graphs import add_graphs_option, graphs_only, find_graph_cases, graph_cases
 from rlx_conformance.cli.options import (
     add_grad_option,
+    add_layouts_option,
     add_matrix_options,
     find_cases,
     grads,
+    layout_cases,
     parse_shard,
     print_summary,
     progress,
@@ -27,6 +30,7 @@ from rlx_conformance.cli.options import (
 )
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.generate.graphs import is_graph
 from rlx_conformance.run.session import (
     build_cases,
     default_report_dir,
@@ -41,16 +45,25 @@ def cmd_run(args) -> int:
         raise RlxError("--repeat and --sample want a count >= 1")
     kinds = grads(args)
     if args.case:
-        cases = find_cases(args.case)
+        graph_ids = [c for c in args.case if is_graph(c)]
+        op_ids = [c for c in args.case if not is_graph(c)]
+        cases = (find_cases(op_ids) if op_ids else []) + find_graph_cases(graph_ids)
+    elif graphs_only(args):  # --ops 'graph:*': the graph cases alone
+        cases = graph_cases(args)
     else:
-        cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32, grads=kinds)
+        cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32, grads=kinds,
+                            layouts=args.layouts)
+        cases = layout_cases(args, cases) + graph_cases(args)
         if args.no_forward:
             if not kinds:
                 raise RlxError("--no-forward runs the derivative cases alone; --grad none leaves none")
             cases = [c for c in cases if c.grad]
     chosen = selection(cases, ops=split(args.ops), dtypes=split(args.dtypes), tf32=args.tf32,
                        sample=args.sample, case_ids=args.case, grads=kinds,
-                       forward=not (args.no_forward and not args.case))  # before the shard takes its part
+                       forward=not (args.no_forward and not args.case),
+                       layouts="none" if args.case else args.layouts)  # before the shard takes its part
+    if args.no_contiguous and not args.case:
+        chosen["contiguous"] = False
     shard = None
     if args.shard:
         i, n = parse_shard(args.shard)
@@ -110,6 +123,8 @@ def register(sub) -> None:
     r = sub.add_parser("run", help="run the case matrix (or --case IDs) and write results.json")
     add_matrix_options(r)
     add_grad_option(r)
+    add_layouts_option(r)
+    add_graphs_option(r)
     r.add_argument("--no-forward", action="store_true",
                    help="run only the derivative cases (--grad) of the selection, not the ops themselves")
     r.add_argument("--case", action="append", metavar="ID", help="run exactly this case id (repeatable)")

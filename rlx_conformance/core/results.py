@@ -46,6 +46,12 @@ class CaseResult:
     variant: str = ""  # the target's backend variant, e.g. "tf32:off" (matrix.Target.variant)
     # the derivative the case checks ("" for the op itself): vjp, jvp or hvp (matrix.Case.grad)
     grad: str = ""
+    # how the inputs lay in memory for the target ("" contiguous): transposed, strided, offset,
+    # reversed, broadcast or mixed (matrix.Case.layout, issue 17)
+    layout: str = ""
+    # a graph case (op "graph:NAME", issue 17): nodes, the mode actually run where RLX's fallback
+    # applies, and what the node-by-node bound left unasserted (run/graphs.py)
+    graph: dict[str, Any] | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     max_ulp: float | None = None
@@ -100,7 +106,7 @@ class CaseResult:
         return cls(id=case.id, op=case.op, dtype=case.dtype, shape=[list(s) for s in case.shapes],
                    family=case.family, attrs={k: _jsonable(v) for k, v in case.attrs}, vals=case.vals,
                    backend=t.backend, device=t.device, mode=t.mode, variant=t.variant, outcome=outcome,
-                   grad=getattr(case, "grad", ""),
+                   grad=getattr(case, "grad", ""), layout=getattr(case, "layout", ""),
                    seed=case.seed, declared=case.declared, repeat=case.repeat, **kw)
 
     def to_json(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The case matrix: op × dtype × shape family × attributes × value class × target.
+"""The case matrix: op × dtype × shape family × attributes × value class × memory layout × target.
 
 A :class:`Case` is pure metadata (cheap to make and to pickle); its inputs are made on demand from
 a seed hashed from the case's input id, so the same id gives bit-identical inputs anywhere, and
@@ -80,16 +80,27 @@ class Case:
     # Which derivative the case checks ("" for the op itself): vjp, jvp or hvp (GRAD_KINDS). Its
     # inputs are the forward case's; cotangents and tangents come from the id (make_seeds).
     grad: str = ""
+    # How the backend under test gets the inputs in memory (LAYOUTS; "" contiguous, the default,
+    # whose ids carry no layout segment). The reference sees the logical values either way.
+    layout: str = ""
+
+    @property
+    def contiguous_id(self) -> str:
+        """The id of the contiguous forward case this case is a layout of (its own forward id
+        for a contiguous case): what seeds its inputs."""
+        parts = [self.op, self.dtype, "shape:" + "+".join(fmt_shape(s) for s in self.shapes)]
+        if self.attrs:  # a graph case (op "graph:NAME", generate/graphs.py) has none, and no spec
+            spec = self.spec
+            parts += [f"{k}:{fmt_value(v, spec.attr(k).empty)}" for k, v in self.attrs]
+        parts.append(f"vals:{self.vals}")
+        return "/".join(parts)
 
     @property
     def forward_id(self) -> str:
         """The id of the forward case whose inputs this case shares: the id without the target
-        and without the derivative."""
-        parts = [self.op, self.dtype, "shape:" + "+".join(fmt_shape(s) for s in self.shapes)]
-        spec = self.spec
-        parts += [f"{k}:{fmt_value(v, spec.attr(k).empty)}" for k, v in self.attrs]
-        parts.append(f"vals:{self.vals}")
-        return "/".join(parts)
+        and without the derivative (``…/vals:random/layout:transposed`` for a layout case)."""
+        base = self.contiguous_id
+        return f"{base}/layout:{self.layout}" if self.layout else base
 
     @property
     def input_id(self) -> str:
@@ -100,6 +111,15 @@ class Case:
     @property
     def id(self) -> str:
         return f"{self.input_id}/{self.target}"
+
+    @property
+    def values_id(self) -> str:
+        """What decides the logical input values and so the reference's result: the input id,
+        less the layout segment where the layout leaves the values alone (every layout but
+        broadcast: a layout case shares inputs and reference with its contiguous twin)."""
+        if self.layout and not changes_values(self.spec, self.shapes, self.layout, self.contiguous_id):
+            return self.contiguous_id
+        return self.input_id
 
     @property
     def attr_dict(self) -> dict[str, Any]:
@@ -121,7 +141,7 @@ def make_inputs(case: Case) -> list[np.ndarray]:
     """The case's inputs, bit-identical for the same input id on any machine (a derivative's are
     its forward case's)."""
     spec = case.spec
-    key = case.forward_id
+    key = case.contiguous_id  # a layout case's values are its contiguous twin's (broadcast aside)
     if spec.generate is not None:
         return spec.generate(lambda k: values.Stream(f"{key}#{k}"), case.shapes,
                              case.dtype, case.attr_dict, case.vals)
@@ -132,6 +152,9 @@ def make_inputs(case: Case) -> list[np.ndarray]:
         inp = spec.inputs[min(k, len(spec.inputs) - 1)]
         stream = values.Stream(f"{key}#{k}")
         out.append(values.make_array(stream, shape, dtype, inp.domain, case.vals, attrs))
+    if case.layout:  # broadcast: the logical values become the broadcast of the first slice
+        lays = input_layouts(spec, [x.shape for x in out], case.layout, key)
+        out = [broadcast_values(x) if lay == "broadcast" else x for x, lay in zip(out, lays)]
     return out
 
 
@@ -182,6 +205,138 @@ def grad_classes(spec: OpSpec, forward: Sequence[str]) -> tuple[str, ...]:
     not depend on them) gets ``random`` instead."""
     kept = tuple(v for v in forward if v != "special") or (("random",) if forward else ())
     return kept + tuple(v for v in spec.grad_values if v not in kept)
+
+
+# -- memory layouts (issue 17) ------------------------------------------------------------------
+# How a case can hand the backend under test its inputs: as views of buffers laid out so that the
+# view holds the logical values, each a separate code path of a backend's kernels (MLX keeps
+# contiguous and general kernels per op and per fused graph). In id order:
+#   transposed  the last two axes swapped: a swapaxes view of the buffer holding x's transpose
+#   strided     a step-2 slice along the last axis of a buffer twice as long
+#   offset      a view starting one row (axis 0) into a larger buffer
+#   reversed    negative strides on every axis: the buffer holds x reversed, the view reverses it
+#               back (ml-explore/mlx#3716: compiled kernels misread exactly these)
+#   broadcast   stride 0 on axis 0 (broadcast_to of the first slice): this one changes the logical
+#               values, to the broadcast of the first slice, and the reference sees those
+#   mixed       different layouts (contiguous among them) for different inputs, from the id
+LAYOUTS = ("transposed", "strided", "offset", "reversed", "broadcast", "mixed")
+VIEWS = LAYOUTS[:-1]  # what one input can get
+# --layouts: none; default, each layout once for one attribute combination of each (op, shape
+# family) in one dtype (layout_dtype), random values (the fast matrix: about 2,700 cases more on
+# one target, where one per dtype too would be 18,600); all, every layout of every forward case
+# (the nightly)
+LAYOUT_SETTINGS = ("none", "default", "all")
+
+
+def layout_dtype(spec: OpSpec) -> str:
+    """The dtype of an op's default layout cases: float32 where the op has it (computed as it
+    is: a float16 or bfloat16 view is widened by a copy before the op's kernel sees it), else
+    its first dtype."""
+    return "float32" if "float32" in spec.dtypes else spec.dtypes[0]
+
+
+def layout_applies(spec: OpSpec, layout: str, shape: Shape) -> bool:
+    """Whether an input of ``shape`` gets a view of ``layout``. Every input counts, index inputs
+    too (a kernel reads its indices through views as well), but: an array of fewer than 2
+    elements has no layout to speak of; transposed needs two axes longer than 1; broadcast needs
+    an axis 0 longer than 1 and an op without a ``generate`` hook, whose structured inputs (SPD
+    matrices, distinct scatter indices, CSR structure) a repeated slice could break."""
+    if math.prod(shape) < 2:
+        return False
+    if layout == "transposed":
+        return len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1
+    if layout == "broadcast":
+        return spec.generate is None and len(shape) >= 2 and shape[0] > 1
+    return layout in VIEWS
+
+
+def input_layouts(spec: OpSpec, shapes: Sequence[Shape], layout: str, key: str) -> tuple[str, ...]:
+    """Each input's layout in a case of ``layout`` ("" contiguous): the layout wherever it
+    applies; for mixed, a choice per input among contiguous and the layouts that apply, drawn
+    from ``key`` (the contiguous twin's id), each input's differing from the one before."""
+    if layout != "mixed":
+        return tuple(layout if layout and layout_applies(spec, layout, s) else "" for s in shapes)
+    r = values.seed_of(f"{key}#layout:mixed")
+    out: list[str] = []
+    for k, s in enumerate(shapes):
+        opts = [""] + [v for v in VIEWS if layout_applies(spec, v, s)]
+        if out:
+            opts = [o for o in opts if o != out[-1]] or opts
+        out.append(opts[(r + k) % len(opts)])
+    return tuple(out)
+
+
+def layout_exists(spec: OpSpec, shapes: Sequence[Shape], layout: str) -> bool:
+    """Whether a case of ``layout`` differs from its contiguous twin: some input gets the view
+    (for mixed, at least two inputs have a layout to choose)."""
+    if layout == "mixed":
+        return sum(any(layout_applies(spec, v, s) for v in VIEWS) for s in shapes) >= 2
+    return any(layout_applies(spec, layout, s) for s in shapes)
+
+
+def changes_values(spec: OpSpec, shapes: Sequence[Shape], layout: str, key: str) -> bool:
+    """Whether ``layout`` changes the logical input values (some input is broadcast)."""
+    return spec.generate is None and "broadcast" in input_layouts(spec, shapes, layout, key)
+
+
+def case_layouts(case: Case, inputs: Sequence[np.ndarray]) -> tuple[str, ...]:
+    """Each input's layout for ``case`` with these inputs (what ``Backend.run(layout=)`` takes)."""
+    return input_layouts(case.spec, [x.shape for x in inputs], case.layout, case.contiguous_id)
+
+
+def broadcast_values(x: np.ndarray) -> np.ndarray:
+    """The logical values of a broadcast input: its first slice along axis 0, repeated."""
+    return np.ascontiguousarray(np.broadcast_to(x[:1], x.shape))
+
+
+def _poison(x: np.ndarray) -> np.ndarray:
+    """Filler for the buffer elements a view skips, unlike any value next to it: NaN for floats,
+    the bitwise complement for integers and bools (a kernel that reads it shows it)."""
+    if dt.is_float(dt.name_of(x.dtype)):
+        return np.full(x.shape, np.nan, x.dtype)
+    return ~x
+
+
+def layout_buffer(x: np.ndarray, layout: str) -> np.ndarray:
+    """The contiguous buffer whose ``layout`` view (:func:`layout_view`) holds ``x``'s values."""
+    if layout == "transposed":
+        return np.ascontiguousarray(np.swapaxes(x, -1, -2))
+    if layout == "strided":
+        buf = np.empty(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+        buf[..., 1::2] = _poison(x)
+        buf[..., ::2] = x
+        return buf
+    if layout == "offset":
+        return np.concatenate([_poison(x[:1]), x], axis=0)
+    if layout == "reversed":
+        return np.ascontiguousarray(x[(slice(None, None, -1),) * x.ndim])
+    if layout == "broadcast":
+        return np.ascontiguousarray(x[:1])
+    if layout:
+        raise RlxError(f"unknown layout {layout!r} (layouts: {', '.join(VIEWS)})")
+    return x
+
+
+def layout_view(buf: Any, layout: str, shape: Shape, xp: Any) -> Any:
+    """The view of ``buf`` (:func:`layout_buffer`) with the logical shape ``shape``, made with
+    ``xp``'s ops: numpy, or mlx.core for the backend under test (swapaxes, stepped and
+    negative-step slices and broadcast_to make views in both, never copies)."""
+    if layout == "transposed":
+        return xp.swapaxes(buf, -1, -2)
+    if layout == "strided":
+        return buf[..., ::2]
+    if layout == "offset":
+        return buf[1:]
+    if layout == "reversed":
+        return buf[(slice(None, None, -1),) * len(shape)]
+    if layout == "broadcast":
+        return xp.broadcast_to(buf, tuple(shape))
+    return buf
+
+
+def layout_of_id(case_id: str) -> str:
+    """The layout segment of a case id ("" for a contiguous case)."""
+    return next((p[7:] for p in case_id.split("/") if p.startswith("layout:")), "")
 
 
 # -- generation ----------------------------------------------------------------------------------
@@ -257,18 +412,36 @@ def _matches(name: str, patterns: Sequence[str] | None) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def _layouts_for(spec: OpSpec, t: str, fam: str, shapes: Sequence[Shape], attrs: tuple[tuple[str, Any], ...],
+                 vals: str) -> list[str]:
+    """The layouts that exist (:func:`layout_exists`) for one forward case. An op with a
+    ``generate`` hook has a family entry that is not its input shapes: its inputs are made to
+    see them."""
+    if spec.generate is not None:
+        probe = Case(spec.name, t, tuple(shapes), fam, attrs, vals, Target("-", "-", "-"))
+        shapes = [x.shape for x in make_inputs(probe)]
+    return [lay for lay in LAYOUTS if layout_exists(spec, shapes, lay)]
+
+
 def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
              dtypes: Sequence[str] | None = None,
-             supports=None, grads: Sequence[str] = ("",)) -> list[Case]:
+             supports=None, grads: Sequence[str] = ("",), layouts: str = "none") -> list[Case]:
     """All cases for the given targets. ``ops``/``dtypes`` filter by glob; ``supports(target, op,
     dtype)`` tells whether the target's backend declares the dtype (undeclared ones are still
     generated: the matrix checks the declaration). ``grads``: which of the forward ("") and the
     derivatives (GRAD_KINDS) to generate; derivative cases exist for the floating dtypes of a
     differentiable op, for the kinds it declares (OpSpec.derivative_kinds) and only where the
-    backend declares the forward dtype."""
+    backend declares the forward dtype. ``layouts`` (LAYOUT_SETTINGS): which forward cases also
+    run in memory layouts (LAYOUTS), each right after its contiguous twin, where the backend
+    declares the dtype: none; default, for each (op, shape family) in the dtype
+    :func:`layout_dtype` the first attribute combination that has layouts, in its random values
+    (else its first class), every layout once; all, every forward case in every layout that
+    exists for it."""
     bad = [g for g in grads if g and g not in GRAD_KINDS]
     if bad:
         raise RlxError(f"unknown derivative {bad[0]!r} (derivatives: {', '.join(GRAD_KINDS)})")
+    if layouts not in LAYOUT_SETTINGS:
+        raise RlxError(f"--layouts wants {', '.join(LAYOUT_SETTINGS)}, not {layouts!r}")
     names = [s.name for s in all_ops()]
     for p in ops or ():  # each pattern must select something: a typo is an error, not a smaller run
         if not any(fnmatch.fnmatchcase(n, p) for n in names):
@@ -276,6 +449,7 @@ def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
     dtypes = selected_dtypes(dtypes)
     specs = [s for s in all_ops() if _matches(s.name, ops)]
     cases: list[Case] = []
+    laid_out: set[tuple[str, str]] = set()  # (op, family) with layouts, for "default"
     for spec in specs:
         fams = shape_families(spec.shapes)
         for t in spec.dtypes:
@@ -301,10 +475,19 @@ def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
                     kinds = [g for g in grads if not g or (g in spec.derivative_kinds() and dt.is_float(t))]
                     for g in kinds:
                         for vals in (grad_classes(spec, classes) if g else classes):
-                            for tg in targets:
-                                declared = supports(tg, spec.name, t) if supports else True
-                                if g and not declared:
-                                    continue  # no derivative of a dtype the kernel does not claim
-                                cases.append(Case(spec.name, t, shapes, fam, attr_items, vals, tg,
-                                                  declared, grad=g))
+                            lays = [""]
+                            if not g and (layouts == "all" or (
+                                    layouts == "default" and t == layout_dtype(spec)
+                                    and (spec.name, fam) not in laid_out
+                                    and vals == ("random" if "random" in classes else classes[0]))):
+                                lays += _layouts_for(spec, t, fam, shapes, attr_items, vals)
+                                if len(lays) > 1:
+                                    laid_out.add((spec.name, fam))
+                            for lay in lays:
+                                for tg in targets:
+                                    declared = supports(tg, spec.name, t) if supports else True
+                                    if (g or lay) and not declared:
+                                        continue  # no derivative or layout of a dtype the kernel does not claim
+                                    cases.append(Case(spec.name, t, shapes, fam, attr_items, vals, tg,
+                                                      declared, grad=g, layout=lay))
     return cases

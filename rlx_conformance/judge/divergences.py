@@ -48,7 +48,8 @@ CAPS = ("max_ulp", "max_rel_err", "max_abs_err")  # an entry excusing "value" na
 FILE = "cases/known_divergences.toml"
 _KEY = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 _FIELDS = frozenset({"key", "op", "category", "reason", "excuses", *CAPS, "dtype", "backend", "device",
-                     "mode", "vals", "shape", "id", "link", "timeout", "strict", "isolate", "grad"})
+                     "mode", "vals", "shape", "id", "link", "timeout", "strict", "isolate", "grad",
+                     "layout"})
 _LISTS = ("op", "dtype", "id")  # the fields that take a list; each item is a part of the entry
 
 # A part of an entry: for each list field of more than one item, the item a case falls under
@@ -91,7 +92,8 @@ class CaseLike(Protocol):
     dtype: str
     id: str
     target: Any  # backend, device, mode
-    # and ``grad`` where the case checks a derivative (absent or "" for the op itself)
+    # and ``grad`` where the case checks a derivative (absent or "" for the op itself), and
+    # ``layout`` where its inputs are views (absent or "" for contiguous inputs)
 
 
 def _id_fields(case_id: str) -> tuple[str, str]:
@@ -130,8 +132,12 @@ class Divergence:
     isolate: bool = False
     excuses: frozenset[str] = frozenset()  # the failure kinds it excuses (KINDS)
     # which cases: the op itself ("", the default: an entry says nothing of derivatives unless it
-    # names them), a derivative (vjp, jvp, hvp), or "*" for both
+    # names them), a derivative glob (vjp, "?*" for every derivative), or "*" for both
     grad: str = ""
+    # which memory layouts (matrix.LAYOUTS; "" contiguous): a glob, "*" by default, since a
+    # divergence in the values an op computes holds however its inputs lie in memory; an entry
+    # for a layout-only bug names its layout(s) ("reversed", "[sr]*")
+    layout: str = "*"
     # caps of an excused value failure: a record measured above any of them is not excused
     max_ulp: float | None = None
     max_rel_err: float | None = None
@@ -161,7 +167,8 @@ class Divergence:
                 and (self.dtype is None or case.dtype in self.dtype)
                 and self.backend in (None, t.backend) and self.device in (None, t.device)
                 and self.mode in (None, t.mode)
-                and fnmatch.fnmatchcase(getattr(case, "grad", "") or "", self.grad or "")):
+                and fnmatch.fnmatchcase(getattr(case, "grad", "") or "", self.grad or "")
+                and fnmatch.fnmatchcase(getattr(case, "layout", "") or "", self.layout)):
             return False
         if self.vals is not None or self.shape is not None:
             shape, vals = _id_fields(case.id)
@@ -225,7 +232,7 @@ def _entry(raw: dict[str, Any], where: str) -> Divergence:
     for name in _LISTS:
         if name in kw:
             kw[name] = _strings(kw[name], name, where)
-    for name in ("backend", "device", "mode", "vals", "shape", "link", "grad"):
+    for name in ("backend", "device", "mode", "vals", "shape", "link", "grad", "layout"):
         if name in kw and not isinstance(kw[name], str):
             raise RlxError(f"{where}: {name} must be a string")
     for name in ("strict", "isolate"):

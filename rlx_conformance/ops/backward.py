@@ -1,10 +1,11 @@
 """RLX's explicit backward ops (docs/ops.md, family ``backward``): the gradient kernels RLX's IR
 emits for training graphs (ReluBackward, ActivationBackward, Conv2dBackwardInput/Weight,
-CumsumBackward, GatherBackward, RopeBackward, SoftmaxCrossEntropyBackward, MaxPool2dBackward),
-declared as ops so that they get the forward matrix's treatment: every dtype, shape family,
-mode and device, validate, and the kink points. Not declared yet, though their forwards are in
-the registry: LayerNorm/RmsNorm/GroupNorm/BatchNormInference backward (input, gamma, beta) and
-AttentionBackward, which need componentwise error bounds of their own.
+CumsumBackward, GatherBackward, RopeBackward, SoftmaxCrossEntropyBackward, MaxPool2dBackward,
+AttentionBackward: one op per returned input, attention_backward_q/_k/_v), declared as ops so
+that they get the forward matrix's treatment: every dtype, shape family, mode and device,
+validate, and the kink points; and LayerNorm/RmsNorm backward (input, gamma), GroupNorm/
+BatchNormInference backward (input, gamma, beta), one op per returned input, judged by the bound
+of their forward's gradient cases (judge/bounds/norm_grad.py).
 
 Each takes its forward op's inputs, as RLX's backward kinds take them, plus the output cotangent
 ``dy`` (the forward output's shape), and returns the cotangent of one forward input. The CPU
@@ -15,12 +16,22 @@ kernels are written as RLX's MLX backend lowers these kinds, from MLX primitives
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds import backward as bounds
-from rlx_conformance.spec.registry import REGISTRY, Attr, Input, OpSpec, Policy, declare
+from rlx_conformance.spec.registry import (
+    REGISTRY,
+    Attr,
+    Input,
+    OpSpec,
+    Policy,
+    declaration_helper,
+    declare,
+)
 from rlx_conformance.spec.values import ACCUMULATION_CLASSES, make_array
 
 FLOATS = dt.FLOATS
@@ -80,27 +91,19 @@ declare(not_differentiable=NOT_DIFF, name="activation_backward", family="backwar
 
 _CONV_ATTRS = (Attr("kernel_size", "ints", default=(), doc="() = the weight's"),
                Attr("stride", "ints", default=(), sweep=((), (2,)), doc="() = 1"),
-               Attr("padding", "ints", default=(), sweep=((), (1,)), doc="() = 0; symmetric"),
+               Attr("padding", "ints", default=(), sweep=((), (1,), (0, 2, 1, 0)),
+                    doc="() = 0; 1 or 2 values: symmetric; 4: begins then ends (conv's)"),
                Attr("dilation", "ints", default=(), sweep=((), (2,)), doc="() = 1"),
                Attr("groups", "int", default=1, sweep=(1, 2)))
 _CONV_INPUTS = (Input("x", domain="conv_x", ranks=(4, 4)), Input("w", domain="conv_w", ranks=(4, 4)),
                 Input("bias", domain="conv_w", ranks=(1, 1)), Input("dy", domain="conv_w", ranks=(4, 4)))
 
 
-def _conv_infer(wrt: int):
-    fwd = _forward_infer("conv", wrt, 3)
-
-    def run(spec, shapes, dtypes, attrs):
-        if len(attrs["padding"]) > 2:
-            raise SpecError(f"{spec.name}: padding is symmetric (one value per dim)")
-        return fwd(spec, shapes, dtypes, attrs)
-    return run
-
-
 declare(not_differentiable=NOT_DIFF, name="conv2d_backward_input", family="backward",
         doc="Conv2dBackwardInput: dx of conv (NCHW, 2-D) = conv_transpose2d(dy, w) with the conv's "
-            "stride, padding, dilation, groups; x only gives the shape",
-        inputs=_CONV_INPUTS, dtypes=FLOATS, attrs=_CONV_ATTRS, infer=_conv_infer(0),
+            "stride, padding, dilation, groups (asymmetric padding: the full transposed conv cropped "
+            "from the begin padding); x only gives the shape",
+        inputs=_CONV_INPUTS, dtypes=FLOATS, attrs=_CONV_ATTRS, infer=_forward_infer("conv", 0, 3),
         shapes="conv2d_backward", values=("random",),
         error_inputs=_bad_dy(_f32(1, 1, 5, 5), _f32(1, 1, 3, 3), _f32(0), _f32(1, 1, 2, 2)),
         policy=Policy(bound=bounds.conv_backward_input_bound,
@@ -110,7 +113,7 @@ declare(not_differentiable=NOT_DIFF, name="conv2d_backward_input", family="backw
 declare(not_differentiable=NOT_DIFF, name="conv2d_backward_weight", family="backward",
         doc="Conv2dBackwardWeight: dw of conv (NCHW, 2-D) = the correlation of x with dy over the "
             "batch and output positions; w only gives the shape",
-        inputs=_CONV_INPUTS, dtypes=FLOATS, attrs=_CONV_ATTRS, infer=_conv_infer(1),
+        inputs=_CONV_INPUTS, dtypes=FLOATS, attrs=_CONV_ATTRS, infer=_forward_infer("conv", 1, 3),
         shapes="conv2d_backward", values=("random",),
         error_inputs=_bad_dy(_f32(1, 1, 5, 5), _f32(1, 1, 3, 3), _f32(0), _f32(1, 1, 2, 2)),
         policy=Policy(bound=bounds.conv_backward_weight_bound,
@@ -213,3 +216,128 @@ declare(not_differentiable=NOT_DIFF, name="max_pool2d_backward", family="backwar
         policy=Policy(bound=bounds.max_pool_backward_bound,
                       bound_reason="scatter_add's bound over the windows each element wins: "
                       "2*gamma_(m-1)*sum|dy|"))
+
+
+# -- AttentionBackward ------------------------------------------------------------------------------
+# attention's attributes (ops/nn.py) repeated: the family modules register alphabetically, so
+# attention's declaration does not exist yet when this module runs; tests/test_backward_family.py
+# checks that the two agree (names, defaults, choices and the sweep on every shape family here).
+_ATTN_MASK_KINDS = ("none", "causal", "sliding_window", "custom", "bias")
+_ATTN_LONG_KEYS = 256  # ops/nn.py LONG_KEYS: key lengths this long are for accumulation
+
+
+def _attn_short_keys(values: tuple, long: tuple):
+    """ops/nn.py _short_keys: a full sweep for short key sequences, a short one for long ones."""
+    return lambda shapes: values if shapes[1][1] < _ATTN_LONG_KEYS else long
+
+
+_ATTN_ATTRS = (Attr("num_heads", "int", sweep=(1, 2, 4)),
+               Attr("head_dim", "int", sweep=(8, 64)),
+               Attr("mask_kind", "enum", default="none", choices=_ATTN_MASK_KINDS, sweep=_ATTN_MASK_KINDS),
+               Attr("window", "int", default=0, sweep=(0, 3), doc="keys a sliding_window query sees"),
+               Attr("score_scale", "float", default=0.0, sweep=_attn_short_keys((0.0, 0.3), (0.0,)),
+                    doc="0: 1/sqrt(head_dim)"),
+               Attr("logit_softcap", "float", default=0.0, sweep=_attn_short_keys((0.0, 5.0), (0.0, 5.0)),
+                    doc="0: none"))
+_ATTN_INPUTS = (Input("q", domain="nn_qk", ranks=(3, 3)), Input("k", domain="nn_qk", ranks=(3, 3)),
+                Input("v", domain="nn_v", ranks=(3, 3)), Input("mask", domain="nn_mask", ranks=(1, 4)),
+                Input("dy", domain="real", ranks=(3, 3)))
+
+
+def _attention_dq_undefined(inputs, attrs):
+    """dq of a query that may attend to no key: attention's output there is undefined, so is its
+    derivative (attention's own ``undefined``, looked up when called). Such a query passes no
+    cotangent to k and v (the reference rule's convention), so dk and dv stay defined."""
+    return REGISTRY["attention"].undefined(inputs[:4], attrs)
+
+
+@declaration_helper
+def _attention_backward(wrt: str, doc: str, bound: Callable[..., np.ndarray]) -> OpSpec:
+    """attention_backward_<wrt>: one op per forward input it returns, as RLX's backward kinds
+    and the other ops of this family are (conv2d_backward_input / _weight)."""
+    extra = {"undefined": _attention_dq_undefined} if wrt == "q" else {}
+    return declare(
+        not_differentiable=NOT_DIFF, name=f"attention_backward_{wrt}", family="backward",
+        doc=f"AttentionBackward, the cotangent of {wrt}: {doc}; P = softmax of attention's scores "
+            "(its scale, softcap and mask), dS = P * (dP - rowsum(dP * P)) with dP = dy V^T, "
+            "through the softcap's slope; a query with no key passes no cotangent",
+        inputs=_ATTN_INPUTS, dtypes=FLOATS, attrs=_ATTN_ATTRS,
+        infer=_forward_infer("attention", "qkv".index(wrt), 4), shapes="attention_backward",
+        values=("random",), **extra,
+        error_inputs=_bad_dy(_f32(1, 2, 8), _f32(1, 3, 8), _f32(1, 3, 8), _f32(0), _f32(1, 3, 8),
+                             attrs={"num_heads": 1, "head_dim": 8}),
+        policy=Policy(bound=bound, bound_reason=bounds.ATTENTION_BACKWARD_REASON))
+
+
+_attention_backward("q", "dq = scale dS K (K repeated to the query heads)", bounds.attention_backward_q_bound)
+_attention_backward("k", "dk = scale dS^T Q, the query heads of a shared (GQA) kv head summed",
+                    bounds.attention_backward_k_bound)
+_attention_backward("v", "dv = P^T dy, the query heads of a shared (GQA) kv head summed",
+                    bounds.attention_backward_v_bound)
+
+
+# -- LayerNorm/RmsNorm/GroupNorm/BatchNormInference backward -----------------------------------
+_NORM_VALUES = ("random", "special", "spread") + ACCUMULATION_CLASSES
+_NORM_EPS = Attr("eps", "float", default=1e-5, doc="added to the variance (mean square) before the root")
+_NORM_AXIS = Attr("axis", "int", default=-1, sweep=(-1, -2, 0), doc="first normalized dim")
+_NORM_IN = (Input("x", domain="nn_x", ranks=(1, None)), Input("gamma", domain="nn_gamma", ranks=(1, None)),
+            Input("beta", domain="nn_beta", ranks=(1, None)), Input("dy", domain="real", ranks=(1, None)))
+_GROUP_IN = (Input("x", domain="nn_x", ranks=(2, None)), Input("gamma", domain="nn_gamma", ranks=(1, 1)),
+             Input("beta", domain="nn_beta", ranks=(1, 1)), Input("dy", domain="real", ranks=(2, None)))
+_BATCH_IN = (Input("x", domain="nn_x", ranks=(1, None)), Input("gamma", domain="nn_gamma", ranks=(1, 1)),
+             Input("beta", domain="nn_beta", ranks=(1, 1)), Input("mean", domain="nn_x", ranks=(1, 1)),
+             Input("var", domain="nn_var", ranks=(1, 1)), Input("dy", domain="real", ranks=(1, None)))
+_XHAT = "xhat = (x - mean) / sigma, sigma = sqrt(var + eps)"
+
+
+@declaration_helper
+def _norm_backward(name: str, forward: str, wrt: str, doc: str) -> OpSpec:
+    """<forward>_backward_<wrt>: the cotangent of one of the norm's inputs, judged by
+    judge/bounds/backward.norm_backward_bound."""
+    n, inputs, attrs, family, values = {  # the forward's inputs, attributes and classes
+        # (families: cases/shapes/backward.toml, the forward's with dy)
+        "layer_norm": (3, _NORM_IN, (_NORM_AXIS, _NORM_EPS), "norm_backward", _NORM_VALUES),
+        "rms_norm": (3, _NORM_IN, (_NORM_AXIS, _NORM_EPS), "norm_backward", _NORM_VALUES),
+        "group_norm": (3, _GROUP_IN, (Attr("num_groups", "int", default=1, sweep=(1, 2, 32)), _NORM_EPS),
+                       "group_norm_backward", _NORM_VALUES),
+        "batch_norm_inference": (5, _BATCH_IN, (_NORM_EPS,), "batch_norm_backward", ("random", "special")),
+    }[forward]
+    f32 = [_f32(2, 3), _f32(3), _f32(3)] if forward != "group_norm" else [_f32(2, 3, 2), _f32(3), _f32(3)]
+    if forward == "batch_norm_inference":
+        f32 += [_f32(3), _f32(3)]
+    bad = {"layer_norm": {"axis": -1}, "rms_norm": {"axis": -1}, "group_norm": {"num_groups": 1}}.get(forward, {})
+    return declare(
+        not_differentiable=NOT_DIFF, name=name, family="backward", doc=doc,
+        inputs=inputs, dtypes=FLOATS, attrs=attrs,
+        infer=_forward_infer(forward, ("x", "gamma", "beta").index(wrt), n),
+        shapes=family, values=values,
+        error_inputs=_bad_dy(*f32, _f32(3, 2), attrs=bad),
+        policy=Policy(bound=bounds.norm_backward(forward, wrt), bound_reason=bounds.NORM_BACKWARD_REASON))
+
+
+_norm_backward("layer_norm_backward_input", "layer_norm", "x",
+               "LayerNormBackwardInput: dx = (g - mean(g) - xhat mean(g xhat)) / sigma over x.shape[axis:], "
+               f"g = dy gamma, {_XHAT} (two-pass)")
+_norm_backward("layer_norm_backward_gamma", "layer_norm", "gamma",
+               f"LayerNormBackwardGamma: dgamma = sum over the leading dims x.shape[:axis] of dy xhat, {_XHAT}")
+_norm_backward("rms_norm_backward_input", "rms_norm", "x",
+               "RmsNormBackwardInput: dx = (g - xhat mean(g xhat)) / sigma over x.shape[axis:], g = dy gamma, "
+               "xhat = x / sigma, sigma = sqrt(mean(x^2) + eps)")
+_norm_backward("rms_norm_backward_gamma", "rms_norm", "gamma",
+               "RmsNormBackwardGamma: dgamma = sum over the leading dims x.shape[:axis] of dy xhat, xhat = "
+               "x / sqrt(mean(x^2) + eps)")
+_norm_backward("group_norm_backward_input", "group_norm", "x",
+               "GroupNormBackwardInput: per group of C/num_groups channels (with their spatial dims) "
+               "dx = (g - mean(g) - xhat mean(g xhat)) / sigma, g = dy gamma[c], " + _XHAT + " per group")
+_norm_backward("group_norm_backward_gamma", "group_norm", "gamma",
+               "GroupNormBackwardGamma: dgamma[c] = sum over the batch and spatial dims of dy xhat (xhat per group)")
+_norm_backward("group_norm_backward_beta", "group_norm", "beta",
+               "GroupNormBackwardBeta: dbeta[c] = sum over the batch and spatial dims of dy")
+_norm_backward("batch_norm_inference_backward_input", "batch_norm_inference", "x",
+               "BatchNormInferenceBackwardInput: dx = dy gamma / sqrt(var + eps) (running statistics: "
+               "no dependence through the mean and variance); feature dim last")
+_norm_backward("batch_norm_inference_backward_gamma", "batch_norm_inference", "gamma",
+               "BatchNormInferenceBackwardGamma: dgamma = sum over the leading dims of dy (x - mean) / "
+               "sqrt(var + eps)")
+_norm_backward("batch_norm_inference_backward_beta", "batch_norm_inference", "beta",
+               "BatchNormInferenceBackwardBeta: dbeta = sum over the leading dims of dy")

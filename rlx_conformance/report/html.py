@@ -186,6 +186,25 @@ def derivative_board(cases: list[Record], targets: list[str], anchors: dict[Grou
     return rows
 
 
+def layout_board(cases: list[Record]) -> dict[str, Any] | None:
+    """The layouts panel (issue 17): forward records per op family × memory layout (contiguous
+    first, then the layouts the run has, by name), each cell the worst outcome of its cases over
+    every target, the counts on hover; None when the run has no layout case."""
+    fwd = [r for r in cases if not r.get("grad")]
+    if not any(r.get("layout") for r in fwd):
+        return None
+    cols = sorted({r.get("layout") or "" for r in fwd})  # "" (contiguous) sorts first
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in fwd:
+        groups[(stats.op_family(r["op"]), r.get("layout") or "")].append(r)
+    rows = []
+    for fam in sorted({f for f, _ in groups}):
+        cells = [_cell(groups[(fam, lay)], f"{fam} · {lay or 'contiguous'}", None) if groups.get((fam, lay))
+                 else None for lay in cols]
+        rows.append({"family": fam, "cells": cells})
+    return {"layouts": [lay or "contiguous" for lay in cols], "rows": rows}
+
+
 def _top(recs: list[Record], key: str) -> float | None:
     """The largest measured ``key`` of the records (None: none measured)."""
     xs = [x for x in (measure(r.get(key)) for r in recs) if x is not None]
@@ -497,7 +516,7 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
         "warnings": report.run.get("warnings") or [],
         "per_target": {t: [(o, c[o]) for o in OUTCOMES if c.get(o)] for t, c in per_target.items()},
         "boards": scoreboard(cases, targets, anchors), "dtype_short": DTYPE_SHORT,
-        "derivatives": derivative_board(cases, targets, anchors),
+        "derivatives": derivative_board(cases, targets, anchors), "layouts": layout_board(cases),
         "failures": fail_groups, "failures_more": fail_more, "divergences": div,
         "stats": stats_tables(cases, drifted, excused_drifted), "diff": diff, "lock": lock,
         "diff_counts": diff.counts() if diff is not None else None, "max_list": MAX_LIST,

@@ -46,12 +46,14 @@ from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import CaseResult
-from rlx_conformance.generate.matrix import Case, make_inputs
+from rlx_conformance.generate.matrix import Case, case_layouts, make_inputs
 from rlx_conformance.judge.bounds.derivative import derivative_bound, roundings_for
 from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, Bound
 from rlx_conformance.judge.tolerances import default_tolerance, tolerance_for
-from rlx_conformance.run import derivatives, worker
+from rlx_conformance.ops.graphs import to_toml
+from rlx_conformance.run import derivatives, graph_bundle, worker
 from rlx_conformance.run.execute import run_case
+from rlx_conformance.run.graphs import evaluate as evaluate_graph
 from rlx_conformance.run.outcomes import apply_divergence
 from rlx_conformance.run.portable import Extractor, NotPortable, Source
 
@@ -138,7 +140,10 @@ def _write_regenerated(conn: Any, case: Case, final: CaseResult, root: Path, tim
 
 def regenerate(case: Case) -> dict[str, Any]:
     """Inputs and reference of a case from its id alone (bit-identical to what the worker had);
-    for a derivative case, its seeds and the reference derivative's results too."""
+    for a derivative case, its seeds and the reference derivative's results too. A graph case's
+    bundle regenerates (and shrinks) what it needs itself (run/graph_bundle.py)."""
+    if case.op.startswith("graph:"):
+        return {}
     if case.grad:
         try:
             ref = derivatives.reference(case)
@@ -225,6 +230,9 @@ def write_bundle(case: Case, r: CaseResult, root: Path, arrays: dict[str, Any], 
     expected (a list, or the exception the reference raised) and actual (when the backend
     returned). ``judged``: the harness's comparison verdict (pass/fail), which repro.py's judge
     is checked against (case.json's self_check)."""
+    if case.op.startswith("graph:"):  # a graph case: its minimal failing subgraph (run/graph_bundle.py)
+        shrunk, note = graph_bundle.shrunk_for_bundle(case)
+        return write_graph_bundle(Path(root) / bundle_name(case.id), case, r, shrunk, timeout=timeout, note=note)
     inputs: list[np.ndarray] = arrays["inputs"]
     expected, actual = arrays.get("expected"), arrays.get("actual")
     results: list[int] | None = None  # a derivative case: which of its results the outputs are
@@ -333,7 +341,8 @@ def _grad_run(case: Case, inputs: list[np.ndarray], results: list[int]) -> dict[
 
 def _case_doc(case: Case, r: CaseResult, inputs: list[np.ndarray], timeout: float | None) -> dict[str, Any]:
     return {
-        "schema": "rlx-conformance/repro/v1", "id": case.id, "op": case.op, "grad": case.grad, "dtype": case.dtype,
+        "schema": "rlx-conformance/repro/v1", "id": case.id, "op": case.op, "grad": case.grad,
+        "layout": case.layout, "dtype": case.dtype,
         "attrs": res._jsonable(case.attr_dict), "shapes": [list(s) for s in case.shapes],
         "family": case.family, "vals": case.vals, "backend": case.target.backend,
         "device": case.target.device, "mode": case.target.mode, "seed": case.seed,
@@ -386,7 +395,8 @@ def repro_script(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray
     attrs, outs = spec.validate([x.shape for x in inputs], in_dtypes, case.attr_dict)
     out_dtypes = [d for _, d in outs]
     run = {"in_dtypes": in_dtypes, "compute_dtypes": compute_dtypes(spec, in_dtypes),
-           "out_dtypes": out_dtypes, "stream": backend.stream_for(entry, in_dtypes + out_dtypes, case.target.device)}
+           "out_dtypes": out_dtypes, "stream": backend.stream_for(entry, in_dtypes + out_dtypes, case.target.device),
+           "layouts": list(case_layouts(case, inputs))}  # how MLX gets each input (to_mlx_view)
     table = {}
     for d in dt.FLOATS:
         try:
@@ -466,3 +476,46 @@ def _self_check(src: str, entry_points: dict[str, str], doc: dict[str, Any], inp
     note = "" if doc["declared"] else (" (declared unsupported: the harness fails a dtype that runs "
                                        "and matches; repro.py judges the values only)")
     return f"disagrees: repro.py's judge says {says}, the harness's comparison said {judged}{note}"
+
+
+# -- graph cases (issue 17) ----------------------------------------------------------------------
+def write_graph_bundle(folder: Path, case: Case, r: CaseResult, shrunk: Any, *, timeout: float | None = None,
+                       note: str = "") -> Path:
+    """(Re)write ``folder``, the bundle of graph case ``case`` (record ``r``): the shrinker's
+    minimal graph (``shrunk``, a run/shrink.Shrunk; None: the whole graph), as run/graph_bundle.py
+    describes. The graph fuzzer calls this too, with the case of its graph."""
+    from rlx_conformance.run.repro_runtime import judge_outputs, main  # MLX loads late (see _savez)
+
+    trial = graph_bundle.minimal_trial(case, shrunk)
+    g, ref = trial.resolved, trial.reference
+    capture: dict[str, Any] = {}
+    ev = evaluate_graph(g, ref, case.target, capture)  # the minimal graph's MLX outputs, once more
+    inputs = [ref.inputs[name] for name, _ in g.inputs]
+    expected = capture["expected"]
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    doc = _case_doc(case, r, inputs, timeout)
+    doc["graph"] = graph_bundle.graph_doc(case, shrunk, ev, note)
+    _savez(tmp / "inputs.npz", "in", inputs)
+    if capture.get("actual") is not None:
+        np.savez(tmp / "actual.npz", **{f"out{k}": _encode(a) for k, a in enumerate(capture["actual"])})
+    plan, aux = graph_bundle.graph_plan(g, ref)
+    doc.update(outputs=_describe(expected), judge=plan)
+    _savez(tmp / "expected.npz", "out", expected, aux)
+    (tmp / "graph.toml").write_text(to_toml(g.graph))
+    try:
+        run, src, entry_points = graph_bundle.graph_script(
+            case, g, doc, {"judge_outputs": judge_outputs, "main": main}, _own_module)
+        doc["run"] = run
+        (tmp / "repro.py").write_text(src)
+        if capture.get("actual") is not None and ev.outcome in ("pass", "fail"):
+            doc["self_check"] = _self_check(src, entry_points, doc, inputs, expected, capture["actual"], aux,
+                                            ev.outcome)
+    except Exception as e:  # noqa: BLE001 — a bundle without repro.py still has the arrays
+        doc["repro_py_missing"] = f"{type(e).__name__}: {e}"
+    doc["repro_py"] = "repro.py" if (tmp / "repro.py").exists() else None
+    (tmp / "case.json").write_text(json.dumps(res._jsonable(doc), indent=1, allow_nan=False) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder

@@ -15,7 +15,8 @@ from rlx_conformance.backends.base import record_fields
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
 from rlx_conformance.core.results import CaseResult
-from rlx_conformance.generate.matrix import Case, make_inputs
+from rlx_conformance.generate.graphs import is_graph
+from rlx_conformance.generate.matrix import Case, case_layouts, make_inputs
 from rlx_conformance.judge import accuracy
 from rlx_conformance.judge.compare import (
     BIT_EXACT_TOLERANCE,
@@ -26,19 +27,19 @@ from rlx_conformance.judge.compare import (
 from rlx_conformance.judge.positions import source
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import tolerance_for
-from rlx_conformance.run import derivatives
+from rlx_conformance.run import derivatives, graphs
 
 
 class _RefCache:
-    """Inputs and reference outputs of the last few input ids (cases of one input id differ only
-    in target and run back to back)."""
+    """Inputs and reference outputs of the last few values ids (Case.values_id: cases of one id
+    differ only in target, or in a layout that leaves the values alone, and run back to back)."""
 
     def __init__(self, size: int = 4):
         self.size = size
         self._d: OrderedDict[str, tuple[list[np.ndarray], Any]] = OrderedDict()
 
     def get(self, case: Case) -> tuple[list[np.ndarray], Any]:
-        hit = self._d.get(case.input_id)
+        hit = self._d.get(case.values_id)
         if hit is not None:
             return hit
         inputs = make_inputs(case)
@@ -46,7 +47,7 @@ class _RefCache:
             ref: Any = get_backend("cpu").run(case.op, [x.copy() for x in inputs], case.attr_dict)
         except Exception as e:  # noqa: BLE001 — recorded as the case's error
             ref = e
-        self._d[case.input_id] = (inputs, ref)
+        self._d[case.values_id] = (inputs, ref)
         if len(self._d) > self.size:
             self._d.popitem(last=False)
         return inputs, ref
@@ -198,11 +199,19 @@ def verdict(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], ac
     return Verdict(ok, msg, measured)
 
 
+def layout_kw(case: Case, inputs: list[np.ndarray]) -> dict[str, Any]:
+    """Backend.run's ``layout`` keyword for a layout case (none for a contiguous one, so that a
+    backend without layouts runs contiguous cases as before)."""
+    return {"layout": case_layouts(case, inputs)} if case.layout else {}
+
+
 def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     """``capture``: filled with the arrays of the case (inputs, expected, actual as far as they
     came), for the repro bundle of a failing case (bundle.py)."""
     if case.grad:  # a derivative of the op: its own reference, transform and judge
         return derivatives.run(case, capture)
+    if is_graph(case):  # a graph of ops (issue 17): composed reference, propagated bound
+        return graphs.run(case, capture)
     t0 = time.perf_counter()
     inputs, ref = REF_CACHE.get(case)
     if capture is not None:
@@ -221,7 +230,7 @@ def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     t1 = time.perf_counter()
     try:
         out = backend.run(case.op, [x.copy() for x in inputs], case.attr_dict, tg.device, tg.mode,
-                          force=not case.declared)
+                          force=not case.declared, **layout_kw(case, inputs))
         kw["backend_s"] = time.perf_counter() - t1
         if capture is not None:
             capture["actual"] = out

@@ -34,7 +34,8 @@ _COMBINED = ("start", "wall_s", "targets", "backend", "device", "modes", "cases_
              "selection")  # combine_meta's own
 # The keys of run.selection (session.selection) that shards of one run share, as the option that
 # sets each: every key but the shard.
-SELECTION_OPTIONS = {"ops": "--ops", "dtypes": "--dtypes", "grad": "--grad", "forward": "--no-forward", "backend": "--backend", "devices": "--device",
+SELECTION_OPTIONS = {"ops": "--ops", "dtypes": "--dtypes", "grad": "--grad", "forward": "--no-forward",
+                     "layouts": "--layouts", "contiguous": "--no-contiguous", "backend": "--backend", "devices": "--device",
                      "modes": "--mode", "tf32": "--tf32", "sample": "--sample", "case": "--case",
                      "cases_dir": "--cases"}
 

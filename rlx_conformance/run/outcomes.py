@@ -62,7 +62,8 @@ def rejudge(r: CaseResult) -> CaseResult:
             r.message = r.message.rsplit(" [outside known divergence ", 1)[0]
         r.divergence = None
     target = Target(r.backend, r.device, r.mode, r.variant)
-    return apply_divergence(SimpleNamespace(op=r.op, dtype=r.dtype, id=r.id, target=target, grad=r.grad), r)
+    return apply_divergence(SimpleNamespace(op=r.op, dtype=r.dtype, id=r.id, target=target, grad=r.grad,
+                                            layout=getattr(r, "layout", "")), r)
 
 
 def finalize(results: list[CaseResult]) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from rlx_conformance.backends.mlx import MX_DTYPES, dtype_name, to_mlx, to_numpy
+from rlx_conformance.backends.mlx import MX_DTYPES, dtype_name, to_mlx, to_mlx_view, to_numpy
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.compare import Bound, Comparison, Tolerance, compare
 
@@ -83,10 +83,13 @@ def _graph(kernel: Callable[..., Any], attrs: dict[str, Any], compute_dtypes: Se
 
 def run_on_mlx(kernel: Callable[..., Any], inputs: Sequence[np.ndarray], attrs: dict[str, Any],
                in_dtypes: Sequence[str], compute_dtypes: Sequence[str], out_dtypes: Sequence[str],
-               stream: str, mode: str) -> list[np.ndarray]:
-    """The kernel on MLX as the harness's MLX backend runs it, outputs back as numpy arrays."""
+               stream: str, mode: str, layouts: Sequence[str] | None = None) -> list[np.ndarray]:
+    """The kernel on MLX as the harness's MLX backend runs it, outputs back as numpy arrays;
+    ``layouts``: each input's memory layout (the view to_mlx_view builds from its buffer; None
+    or "": contiguous)."""
     with mx.stream(mx.cpu if stream == "cpu" else mx.gpu):
-        args = [to_mlx(x, d) for x, d in zip(inputs, in_dtypes)]
+        lays = list(layouts or [""] * len(inputs))
+        args = [to_mlx_view(x, d, lay) for x, d, lay in zip(inputs, in_dtypes, lays)]
         graph = _graph(kernel, attrs, compute_dtypes, out_dtypes, mode)
         fn = mx.compile(graph) if mode == "compiled" else graph
         res = fn(*args)
@@ -133,6 +136,33 @@ def run_derivative_on_mlx(kernel: Callable[..., Any], inputs: Sequence[np.ndarra
     for k, r in zip(places, res):
         out[k] = to_numpy(r)
     return out
+
+
+def run_graph_on_mlx(kernels: dict[str, Callable[..., Any]], node_attrs: Sequence[dict[str, Any]],
+                     graph: dict[str, Any], inputs: Sequence[np.ndarray], mode: str) -> list[np.ndarray]:
+    """A graph (case.json ``run.graph``: its input names and dtypes, its nodes in order, each with
+    its op, the names it reads, its compute and output dtypes; its outputs) on MLX as
+    ``MlxBackend.run_graph`` runs it: one function over the nodes' kernels (``kernels`` by op),
+    each node widen → kernel → narrow; eager evaluates after every node, lazy once at the end,
+    compiled runs mx.compile of the whole function."""
+    def function(*args):
+        env = dict(zip(graph["inputs"], args))
+        for n, attrs in zip(graph["nodes"], node_attrs):
+            res = _graph(kernels[n["op"]], attrs, n["compute_dtypes"], n["out_dtypes"], "lazy")(
+                *[env[x] for x in n["inputs"]])
+            if mode == "eager":
+                mx.eval(res)
+            env[n["name"]] = res[0]
+            for k, r in enumerate(res[1:], 1):
+                env[f"{n['name']}#{k}"] = r
+        return [env[o] for o in graph["outputs"]]
+
+    with mx.stream(mx.cpu if graph["stream"] == "cpu" else mx.gpu):
+        args = [to_mlx(x, d) for x, d in zip(inputs, graph["in_dtypes"])]
+        fn = mx.compile(function) if mode == "compiled" else function
+        res = fn(*args)
+        mx.eval(res)
+    return [to_numpy(r) for r in res]
 
 
 def judge_outputs(case: dict[str, Any], inputs: list[np.ndarray], expected: list[np.ndarray],
@@ -190,9 +220,11 @@ def _call(here: Path, case: dict[str, Any], kernel: Callable[..., Any], kernel_a
     """The recorded MLX call: the forward, or (case.json ``grad``) the derivative with the seeds
     of seeds.npz, as the list of the results the expected ones stand for."""
     run = case["run"]
+    if run.get("graph"):  # a graph case's minimal graph: kernels by op, attributes per node
+        return list(run_graph_on_mlx(kernel, kernel_attrs, run["graph"], inputs, case["mode"]))
     if not case.get("grad"):
         return list(run_on_mlx(kernel, inputs, kernel_attrs, run["in_dtypes"], run["compute_dtypes"],
-                               run["out_dtypes"], run["stream"], case["mode"]))
+                               run["out_dtypes"], run["stream"], case["mode"], run.get("layouts")))
     g = run["grad"]
     seeds = {kind: load_arrays(here / "seeds.npz", kind[:3], dtypes) for kind, dtypes in case["seeds"].items()}
     res = run_derivative_on_mlx(kernel, inputs, kernel_attrs, run["in_dtypes"], run["compute_dtypes"],
@@ -225,8 +257,9 @@ def main(here: Path, kernel: Callable[..., Any], kernel_attrs: dict[str, Any],
         print("this machine has no MLX GPU device; the case needs one")
         return 2
     what = f"the {case['grad']} of {case['op']}" if case.get("grad") else case["op"]
-    print(f"running  {what} on MLX {case['device']} (stream {run['stream']}), {case['mode']} mode ...",
-          flush=True)
+    views = [f"input {k} {lay}" for k, lay in enumerate(run.get("layouts") or []) if lay]
+    print(f"running  {what} on MLX {case['device']} (stream {run['stream']}), {case['mode']} mode"
+          + (f", inputs as views: {', '.join(views)}" if views else "") + " ...", flush=True)
     if args.timeout and hasattr(signal, "alarm"):
         signal.alarm(math.ceil(args.timeout))  # SIGALRM's default action ends a native hang too
     try:

@@ -17,6 +17,7 @@ from rlx_conformance.generate.matrix import (
     Case,
     Target,
     generate,
+    layout_of_id,
     selected_dtypes,
 )
 from rlx_conformance.judge import stability
@@ -81,13 +82,14 @@ def grad_kinds(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def build_cases(targets: Sequence[Target], ops: Sequence[str] | None = None,
                 dtypes: Sequence[str] | None = None, tf32: str | None = None,
-                grads: Sequence[str] = ()) -> list[Case]:
+                grads: Sequence[str] = (), layouts: str = "none") -> list[Case]:
     """The matrix's cases for ``targets``: the forward cases and, for ``grads`` (derivative kinds:
-    :func:`grad_kinds`), the derivative cases; each case in as many backend variants as its
+    :func:`grad_kinds`), the derivative cases, and the forward cases' memory layouts as
+    ``layouts`` says (matrix.LAYOUT_SETTINGS); each case in as many backend variants as its
     backend runs it in (``tf32``: on, off, both, or None for what the environment says; MLX's
     float32 matmul/conv family on a GPU, MlxBackend.variants)."""
     return with_variants(generate(targets, ops=ops, dtypes=dtypes, supports=supports,
-                                  grads=("", *grads)), tf32)
+                                  grads=("", *grads), layouts=layouts), tf32)
 
 
 def with_variants(cases: Sequence[Case], option: str | None = None) -> list[Case]:
@@ -107,7 +109,9 @@ def find_case(case_id: str) -> Case:
     target = Target.parse(parts[-1])
     base = Target(target.backend, target.device, target.mode)
     grads = GRAD_KINDS if parts[-2].startswith("grad:") else ()  # a derivative's id: …/grad:vjp/target
-    for c in build_cases([base], ops=[parts[0]], tf32="both" if target.variant else None, grads=grads):
+    layouts = "all" if layout_of_id(case_id) else "none"  # a layout case's id: …/layout:NAME/…
+    for c in build_cases([base], ops=[parts[0]], tf32="both" if target.variant else None, grads=grads,
+                         layouts=layouts):
         if c.id == case_id.strip():
             return c
     raise RlxError(f"no case with id {case_id!r} in the current matrix")
@@ -122,19 +126,19 @@ def default_report_dir(kind: str = "run") -> Path:
 
 def selection(cases: Sequence[Case], *, ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
               tf32: str | None = None, sample: int = 1, case_ids: Sequence[str] | None = None,
-              grads: Sequence[str] = (), forward: bool = True) -> dict:
+              grads: Sequence[str] = (), forward: bool = True, layouts: str = "none") -> dict:
     """What a run was asked to run, for its metadata (``run.selection``, where :func:`execute`
     adds its shard): the --ops and --dtypes globs (None: all; f32 recorded as float32, the name
     records hold), the derivative kinds of --grad
     (``grad``: a list, [] for the forward alone; ``forward``: false for --no-forward, the
-    derivatives alone), the backends, devices and modes of ``cases``
+    derivatives alone), --layouts (``layouts``: none, default or all), the backends, devices and modes of ``cases``
     (the selection's, before a shard takes its part), --tf32, --sample, --case and the --cases
     data folder. ``diff`` compares a subset with a baseline over this selection only; ``merge``
     refuses shards whose selections differ."""
     override = data.override_dir()
     dtypes = selected_dtypes(dtypes)
     return {"ops": sorted(ops) if ops else None, "dtypes": sorted(dtypes) if dtypes else None,
-            "grad": [k for k in GRAD_KINDS if k in grads], "forward": forward,
+            "grad": [k for k in GRAD_KINDS if k in grads], "forward": forward, "layouts": layouts,
             "backend": sorted({c.target.backend for c in cases}),
             "devices": sorted({c.target.device for c in cases}),
             "modes": sorted({c.target.mode for c in cases}), "tf32": tf32 or "env",

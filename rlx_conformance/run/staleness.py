@@ -16,6 +16,7 @@ from fnmatch import fnmatchcase
 
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core.results import CaseResult
+from rlx_conformance.generate.graphs import generate_graphs, is_graph
 from rlx_conformance.generate.matrix import GRAD_KINDS, Case, Target, generate
 from rlx_conformance.judge import divergences as kd
 from rlx_conformance.judge.divergences import Unit
@@ -42,6 +43,24 @@ def _declared(t: Target, op: str, dtype: str) -> bool:
     return get_backend(t.backend).supports(op, dtype, t.device)
 
 
+def _layouts(d: kd.Divergence) -> str:
+    """The layout cases (matrix.LAYOUT_SETTINGS) an entry's scope is judged over: none for an
+    entry that holds contiguous cases (layout "*", the default: its contiguous cases decide, and
+    layout cases are extra evidence), all for one scoped to layouts alone, which only a run of
+    every layout case of its ops (--layouts all) can call stale."""
+    return "none" if fnmatchcase("", d.layout) else "all"
+
+
+def _scope(targets: Sequence[Target], ops: Sequence[str], layouts: str = "none") -> list[Case]:
+    """Every case of ``ops`` on ``targets``: the matrix's (in ``layouts`` too), and the graph
+    cases' (op ``graph:NAME``, generate/graphs.py) for graph names."""
+    graph_ops = [o for o in ops if is_graph(o)]
+    rest = [o for o in ops if not is_graph(o)]
+    cases = generate(targets, ops=rest, supports=_declared, grads=_EVERY_GRAD,
+                     layouts=layouts) if rest or not ops else []
+    return cases + (generate_graphs(targets, graph_ops, supports=_declared) if graph_ops else [])
+
+
 def _run_targets(results: Sequence[CaseResult]) -> tuple[set[Target], list[Target]]:
     """The run's targets (with variants) and their base targets (backend variants such as
     tf32:on/off are not targets of their own: generate on the base targets, expand every variant,
@@ -66,16 +85,23 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
              for d in get_backend(b).all_devices() for m in get_backend(b).modes]
     dtypes = {r.dtype for r in results}
     grads = {r.grad for r in results}  # the kinds the run held ("" the forward)
+    layouts = {getattr(r, "layout", "") for r in results}  # the memory layouts it held ("" contiguous)
+    ids = {r.id for r in results}
     run_ops = {r.op for r in results}
     out = []
     for d, p in parts:
         ops = [o for o in run_ops if any(fnmatchcase(o, g) for g in d.part_ops(p))]
-        held = [c for c in _every_variant(generate(every, ops=ops, supports=_declared, grads=_EVERY_GRAD))
-                if d.matches(c) and d.part(c.op, c.dtype, c.id) == p]
+        scope = list(_every_variant(_scope(every, ops, _layouts(d))))
+        held = [c for c in scope if d.matches(c) and d.part(c.op, c.dtype, c.id) == p]
+        # an entry of layout cases alone: only a run that held every layout case of its ops on
+        # its targets and dtypes (--layouts all; default holds a few) could have held the part
+        every_layout = _layouts(d) == "none" or {
+            c.id for c in scope if c.layout and c.target in targets and c.dtype in dtypes} <= ids
         # a case the run could hold that the part would have been recorded under (a record
         # carries the first entry scoping it)
-        if not held or any(c.target in targets and c.dtype in dtypes and c.grad in grads
-                           and kd.known_divergence(c) is d for c in held):
+        if not held or every_layout and any(
+                c.target in targets and c.dtype in dtypes and c.grad in grads
+                and getattr(c, "layout", "") in layouts and kd.known_divergence(c) is d for c in held):
             out.append((d, p))
     return out
 
@@ -90,7 +116,7 @@ def fully_covered(units: list[Unit], results: Sequence[CaseResult]) -> list[Unit
     for u in units:
         d, p, op, device, mode = u
         here = [t for t in base if (t.device, t.mode) == (device, mode)]
-        scope = [c.id for c in _every_variant(generate(here, ops=[op], supports=_declared, grads=_EVERY_GRAD))
+        scope = [c.id for c in _every_variant(_scope(here, [op], _layouts(d)))
                  if c.target in targets and kd.known_divergence(c) is d and d.part(c.op, c.dtype, c.id) == p]
         if all(c in ids for c in scope):
             out.append(u)

@@ -5,7 +5,9 @@ The backward of a linear op is itself a linear op, judged as one: the conv input
 transposed convolution of dy with w and the weight gradient a correlation of x with dy, each
 output a sum of K products (Higham 3.5, any order: judge/bounds/linalg.bilinear_bound); the
 cumsum backward is a cumsum of dy in the other direction (reduce.cumsum_bound); the gather
-backward adds dy into the gathered rows (shape.scatter_add_bound). The activation backward
+backward adds dy into the gathered rows (shape.scatter_add_bound). The attention backward is
+attention's VJP for one input and is judged by the bound of attention's own gradient cases
+(derivative.derivative_bound over nn.attention_magnitude). The activation backward
 dy * f'(x) is a short formula: gamma_R(u) times the sum of the magnitudes of f''s terms and of
 their sensitivity to the rounding of the arguments of exp/erf/tanh (:func:`activation_terms`).
 The reference evaluates the verified float64 VJP rules (backends/cpu/backward.py), so its own
@@ -14,7 +16,7 @@ share is gamma_K(u of float64).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,14 +24,16 @@ from scipy import special
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.bounds import linalg as lj
+from rlx_conformance.judge.bounds import norm_grad as ng
 from rlx_conformance.judge.bounds.conv import (
     conv_params,
     conv_transpose_reference,
     im2col,
     pool_params,
 )
+from rlx_conformance.judge.bounds.derivative import derivative_bound
 from rlx_conformance.judge.bounds.gamma import gamma
-from rlx_conformance.judge.bounds.nn import rope_bound
+from rlx_conformance.judge.bounds.nn import attention_magnitude, rope_bound
 from rlx_conformance.judge.bounds.reduce import cumsum_bound, softmax_bound
 from rlx_conformance.judge.bounds.shape import scatter_add_bound
 from rlx_conformance.judge.compare import Bound
@@ -79,22 +83,18 @@ def activation_backward_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, 
             activation_terms(attrs["activation"], x)
 
 
-def _transpose_attrs(x_shape, w_shape, attrs: Mapping[str, Any]) -> dict[str, Any]:
-    """The conv_transpose2d attributes whose output is the conv's input gradient: the conv's
-    stride, padding, dilation and groups, and the output_padding that restores x's size."""
-    _, stride, pb, _, dil, _, _, out = conv_params("conv2d_backward_input", x_shape, w_shape, attrs)
-    k = w_shape[2:]
-    op = tuple(int(n - ((o - 1) * s - 2 * p + d * (kk - 1) + 1))
-               for n, o, s, p, d, kk in zip(x_shape[2:], out, stride, pb, dil, k))
-    return {"stride": tuple(stride), "padding": tuple(pb), "dilation": tuple(dil),
-            "output_padding": op, "groups": attrs["groups"]}
-
-
 def conv_input_grad(dy: np.ndarray, w: np.ndarray, x_shape, attrs: Mapping[str, Any]) -> np.ndarray:
     """dx = conv_transpose2d(dy, w) in float64 (the bounds' formulation: each input position sums
-    the window taps that read it)."""
-    t = _transpose_attrs(x_shape, w.shape, attrs)
-    return conv_transpose_reference(dy, w, np.zeros(0), t)
+    the window taps that read it): the full transposed convolution (no padding), where x position
+    i is full position i + the begin padding; positions past its end are read by no window (0).
+    That holds for symmetric and asymmetric (begins, ends) padding alike."""
+    _, stride, pb, _, dil, g, _, _ = conv_params("conv2d_backward_input", x_shape, w.shape, attrs)
+    t = {"stride": tuple(stride), "padding": (0, 0), "dilation": tuple(dil), "output_padding": (0, 0),
+         "groups": g}
+    full = conv_transpose_reference(dy, w, np.zeros(0), t)
+    short = [max(0, b + n - f) for b, n, f in zip(pb, x_shape[2:], full.shape[2:])]
+    full = np.pad(full, [(0, 0), (0, 0)] + [(0, m) for m in short])
+    return full[:, :, pb[0]:pb[0] + x_shape[2], pb[1]:pb[1] + x_shape[3]]
 
 
 def conv_weight_grad(x: np.ndarray, dy: np.ndarray, w_shape, attrs: Mapping[str, Any]) -> np.ndarray:
@@ -193,3 +193,77 @@ def max_pool_backward_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, An
     upd = np.broadcast_to(dy[..., None], index.shape)
     b = scatter_add_bound([upd.reshape(-1), index.reshape(-1)], {"out_dim": x.size + 1}, out_dtype)
     return b.map(lambda v: np.asarray(v)[:x.size].reshape(x.shape))
+
+
+# -- AttentionBackward -----------------------------------------------------------------------------
+ATTENTION_BACKWARD_REASON = (
+    "attention's VJP bound (its gradient cases' judge): gamma_(terms + 8)(u) * M, M = |J|^T |dy| "
+    "through the rule's chain in absolute values plus the rounding of the recomputed scores and "
+    "weights, terms = D (Sk + 1) + Sk + 4; plus the float64 reference's share")
+
+
+def _attention_backward_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str,
+                              wrt: int) -> np.ndarray:
+    """The cotangent of q, k or v (``wrt``) is attention's VJP for that input, and is judged as the
+    attention gradient cases judge it (run/derivatives.py): derivative_bound over attention's
+    derivative magnitude (judge/bounds/nn.attention_magnitude, one copy with the reference's
+    DerivativeRule.magnitude): the scores, the softmax Jacobian P (dP - rowsum(dP P)), the
+    softcap's slope and the products with K, Q or dy, each factor by its magnitude, the weights
+    raised by their own rounding (a recomputing backward rounds them as the forward does), and
+    terms = the most products one result element accumulates (a dq or dk element: every score
+    of its row or column, each a length-D dot product; a dv element: Sq weights). u is the
+    compute dtype's (float32 for float16/bfloat16, as for attention itself); the dtype's max_ulp
+    covers the final rounding. The reference evaluates the same rule in float64: gamma at u of
+    float64 on the same magnitude."""
+    q, k, v, mask, dy = (np.asarray(a, np.float64) for a in inputs)
+    mags, terms = attention_magnitude([q, k, v, mask], attrs, "vjp", [dy])
+    m = mags[wrt]
+    return derivative_bound("attention", out_dtype, m, terms) + derivative_bound("attention", "float64", m, terms)
+
+
+def attention_backward_q_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+    """dq = scale dS K: :func:`_attention_backward_bound` for q."""
+    return _attention_backward_bound(inputs, attrs, out_dtype, 0)
+
+
+def attention_backward_k_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+    """dk = scale dS^T Q, GQA heads summed: :func:`_attention_backward_bound` for k."""
+    return _attention_backward_bound(inputs, attrs, out_dtype, 1)
+
+
+def attention_backward_v_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
+    """dv = P^T dy, GQA heads summed: :func:`_attention_backward_bound` for v."""
+    return _attention_backward_bound(inputs, attrs, out_dtype, 2)
+
+
+# -- LayerNorm/RmsNorm/GroupNorm/BatchNormInference backward ---------------------------------------
+NORM_BACKWARD_REASON = (
+    "the norm's VJP bound (its gradient cases' judge): gamma_(terms + 8)(u) * M, M = |J|^T |dy| "
+    "with |xhat| raised by its rounding error (judge/bounds/norm_grad.py), terms = the group size "
+    "or the rows summed, + 6; plus the float64 reference's share; dbeta: reduce_sum's bound; NaN "
+    "exact, infinities and overflow order-dependent")
+
+
+def norm_backward(forward: str, wrt: str) -> Callable[..., Bound]:
+    """The bound of ``forward``'s VJP with respect to ``wrt`` (x, gamma or beta) as an op of
+    (forward inputs..., dy): norm_grad.norm_backward_bound over the forward's VJP magnitude
+    (one copy with the reference backend's DerivativeRule.magnitude), batch norm's and the
+    channel sums' (dbeta) of their own."""
+    def bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> Bound:
+        if forward == "batch_norm_inference":
+            return ng.batch_norm_backward_bound(inputs, attrs, wrt, out_dtype)
+        x, g, _, dy = inputs
+        eps = attrs["eps"]
+        if forward == "group_norm":
+            groups = attrs["num_groups"]
+            if wrt == "beta":
+                return ng.channel_sum_bound(np.asarray(dy, np.float64), 1, out_dtype)
+            return ng.norm_backward_bound(
+                [x, g, dy], ng.group_layout(x, groups) if x.size else None, eps, False, wrt, forward,
+                lambda x0, g0, u: ng.group_vjp_magnitude(x0, g0, u, groups, eps), out_dtype)
+        rms = forward == "rms_norm"
+        axes = tuple(range(attrs["axis"] % x.ndim, x.ndim))
+        return ng.norm_backward_bound(
+            [x, g, dy], ng.trailing_layout(x, attrs["axis"]) if x.size else None, eps, rms, wrt, forward,
+            lambda x0, g0, u: ng.trailing_vjp_magnitude(x0, g0, u, axes, eps, rms), out_dtype)
+    return bound

@@ -15,7 +15,10 @@ decides (+-inf or NaN), batch norm's two textbook forms where they differ.
 
 The attention geometry (:func:`attention_dims`, :func:`allowed_keys`) and :func:`rope_pairs` are
 here, below the declarations (ops/nn.py) and both backends that use them: the bounds need the
-same shapes, masks and pairs.
+same shapes, masks and pairs. So is attention's float64 forward for its derivatives
+(:func:`attention_parts`) and their magnitude (:func:`attention_magnitude`): the reference's
+VJP/JVP rules (backends/cpu/nn.py) and the derivative judge read it, and so do the bounds of
+attention_backward_q/_k/_v (judge/bounds/backward.py), which may not import a backend.
 """
 from __future__ import annotations
 
@@ -291,6 +294,115 @@ def attention_bound(inputs, attrs, out_dtype):
     # values are random) or scores that overflow: the online softmax's rescaling order decides.
     out = _finish(bound, nan_at, ~np.isfinite(bound))
     return out.map(lambda v: v.transpose(0, 2, 1, 3).reshape(b, sq, h * d))
+
+
+# -- attention's derivatives: the float64 forward they share and their magnitude ------------------
+# The reference's VJP/JVP rules (backends/cpu/nn.py) and the derivative judge's magnitude of them
+# (the attention gradient cases, and attention_backward_*: judge/bounds/backward.py) read the same
+# float64 forward pass; it is here, below both, so that there is one copy.
+def attention_heads(a: np.ndarray, b: int, s: int, h: int, d: int) -> np.ndarray:
+    """[B, S, H*D] -> [B, H, S, D]."""
+    return a.reshape(b, s, h, d).transpose(0, 2, 1, 3)
+
+
+def attention_unheads(a: np.ndarray) -> np.ndarray:
+    """[B, H, S, D] -> [B, S, H*D]."""
+    b, h, s, d = a.shape
+    return a.transpose(0, 2, 1, 3).reshape(b, s, h * d)
+
+
+def fold_heads(a: np.ndarray, hkv: int) -> np.ndarray:
+    """Cotangents of the repeated k/v heads summed back onto the hkv shared heads."""
+    b, h, s, d = a.shape
+    return a.reshape(b, hkv, h // hkv, s, d).sum(2)
+
+
+def softcap_slope(s0: np.ndarray, c: float) -> np.ndarray:
+    """d/ds0 of c tanh(s0 / c) (1 without a cap)."""
+    return 1 / np.cosh(s0 / c) ** 2 if c > 0 else np.ones_like(s0)
+
+
+def attention_parts(q, k, v, mask, attrs):
+    """The forward pass in float64 (the inputs as given: pass float64), with what the derivative
+    rules and their magnitude need: dims, scale, heads (k, v repeated to the query heads), pre-cap
+    scores, weights p (0 at masked keys and for queries with no key)."""
+    b, sq, sk, h, hkv, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
+    scale = attrs["score_scale"] or 1 / math.sqrt(d)
+    qh = attention_heads(q, b, sq, h, d)
+    kh, vh = (np.repeat(attention_heads(a, b, sk, hkv, d), h // hkv, axis=1) for a in (k, v))
+    s0 = scale * (qh @ np.swapaxes(kh, -1, -2))
+    c = attrs["logit_softcap"]
+    s = c * np.tanh(s0 / c) if c > 0 else s0
+    kind = attrs["mask_kind"]
+    allowed = np.broadcast_to(allowed_keys(kind, attrs["window"], sq, sk), s.shape)
+    if kind == "custom":
+        allowed = np.broadcast_to(mask, s.shape) != 0
+    elif kind == "bias":
+        s = s + np.broadcast_to(mask, s.shape)
+        allowed = s > -np.inf
+    z = np.where(allowed, s, -np.inf)
+    m = np.max(z, axis=-1, keepdims=True)
+    e = np.where(allowed, np.exp(z - np.where(np.isfinite(m), m, 0.0)), 0.0)
+    tot = e.sum(-1, keepdims=True)
+    p = e / np.where(tot > 0, tot, 1.0)  # a query with no key: p = 0 (its output is undefined)
+    return (b, sq, sk, h, hkv, d), scale, qh, kh, vh, s0, p
+
+
+def _sum_to(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """g summed over the dims a mask of ``shape`` was broadcast along to reach g's shape."""
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1)
+    return np.sum(g, axis=axes, keepdims=True).reshape(shape)
+
+
+def attention_abs(inputs, attrs, kind: str, seeds, saved: bool):
+    """The chain rule of attention's VJP / JVP rules in absolute values (an upper bound of the
+    |J|-product: each factor by its magnitude, softmax's Jacobian by |J_s|ᵀ|g| <= p (|g| + <p, |g|>)).
+    ``saved``: with each weight p_j raised by the rounding of what a backend computes it from:
+    the scores (a dot product of length d: scale |q|·|k| in units of the judge's gamma) and
+    exp of the rounded s - m (|s - m| / (n + 2), as for softmax). Inputs and seeds in float64."""
+    q, k, v, mask = inputs
+    (b, sq, sk, h, hkv, d), scale, qh, kh, vh, s0, p = attention_parts(q, k, v, mask, attrs)
+    n = max(sk, 1)
+    aq, ak, av = np.abs(qh), np.abs(kh), np.abs(vh)
+    pw = p
+    if saved:
+        z = np.where(p > 0, s0, 0.0)
+        spread = np.abs(np.max(np.where(p > 0, s0, -np.inf), axis=-1, keepdims=True) - z)
+        pw = p * (1 + np.where(p > 0, spread, 0.0) / (n + 2) + abs(scale) * (aq @ np.swapaxes(ak, -1, -2)))
+    slope = np.abs(softcap_slope(s0, attrs["logit_softcap"]))
+    if kind == "vjp":
+        do = np.abs(attention_heads(seeds[0], b, sq, h, d))
+        dv = np.swapaxes(pw, -1, -2) @ do
+        g = do @ np.swapaxes(av, -1, -2)
+        w = pw * (g + np.sum(pw * g, axis=-1, keepdims=True))
+        gmask = _sum_to(w, mask.shape) if attrs["mask_kind"] == "bias" else None
+        w0 = w * slope
+        dq = abs(scale) * (w0 @ ak)
+        dk = abs(scale) * (np.swapaxes(w0, -1, -2) @ aq)
+        return [attention_unheads(dq), attention_unheads(fold_heads(dk, hkv)),
+                attention_unheads(fold_heads(dv, hkv)), gmask]
+    tq, tk, tv, tm = seeds
+    tqh = np.abs(attention_heads(tq, b, sq, h, d))
+    tkh = np.abs(np.repeat(attention_heads(tk, b, sk, hkv, d), h // hkv, axis=1))
+    tvh = np.abs(np.repeat(attention_heads(tv, b, sk, hkv, d), h // hkv, axis=1))
+    ds = abs(scale) * (tqh @ np.swapaxes(ak, -1, -2) + aq @ np.swapaxes(tkh, -1, -2)) * slope
+    if attrs["mask_kind"] == "bias":
+        ds = ds + np.broadcast_to(np.abs(tm), ds.shape)
+    ds = np.where(p > 0, ds, 0.0)
+    dp = pw * (ds + np.sum(pw * ds, axis=-1, keepdims=True))
+    return [attention_unheads(dp @ av + pw @ tvh)]
+
+
+def attention_magnitude(inputs, attrs, kind: str, seeds):
+    """:func:`attention_abs` with the saved terms, and ``terms``: a result sums at most
+    d (n + 1) + n products (each score a length-d dot product, each output a length-n weighted
+    sum, and a query's or key's gradient over every score it enters), plus 4 for the softmax's
+    own roundings."""
+    q, k, v, mask = inputs
+    _, _, sk, _, _, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
+    n = max(sk, 1)
+    return attention_abs(inputs, attrs, kind, seeds, saved=True), d * (n + 1) + n + 4
 
 
 def rope_pairs(x: np.ndarray, head_dim: int, n_rot: int, style: str):
