@@ -31,7 +31,7 @@ from rlx_conformance.backends.base import (
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError, UnsupportedError
 from rlx_conformance.generate.matrix import layout_buffer, layout_view
-from rlx_conformance.ops import get_op
+from rlx_conformance.ops import get_op, graphs
 from rlx_conformance.spec.registry import OpSpec, OutSpec
 
 MX_DTYPES = {
@@ -117,8 +117,15 @@ class MlxBackend(Backend):
                 "conv2d_backward_weight")
     TF32_ENV = "MLX_ENABLE_TF32"
 
+    def _tf32_affects(self, op: str) -> bool:
+        """Whether TF32 changes ``op``'s numerics: one of TF32_OPS, or a graph case (``graph:NAME``)
+        with a node of one (its float32 matmul runs under the same setting)."""
+        if op.startswith(graphs.PREFIX):
+            return any(n.op in self.TF32_OPS for n in graphs.get_graph(op).nodes)
+        return op in self.TF32_OPS
+
     def variants(self, op: str, dtype: str, device: str, option: str | None = None) -> list[str]:
-        if device != "gpu" or op not in self.TF32_OPS or dt.compute_dtype(dtype) != "float32":
+        if device != "gpu" or dt.compute_dtype(dtype) != "float32" or not self._tf32_affects(op):
             return [""]
         if option in (None, "env"):  # the setting the workers inherit
             option = "off" if os.environ.get(self.TF32_ENV, "1").strip() == "0" else "on"

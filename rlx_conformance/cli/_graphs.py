@@ -12,7 +12,7 @@ from rlx_conformance.cli.options import split, targets
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.graphs import generate_graphs, graph_patterns
 from rlx_conformance.generate.matrix import Case, Target
-from rlx_conformance.run.session import supports
+from rlx_conformance.run.session import supports, with_variants
 
 
 def add_graphs_option(p: argparse.ArgumentParser) -> None:
@@ -42,7 +42,9 @@ def graph_cases(args: argparse.Namespace) -> list[Case]:
     if patterns == []:
         return []
     base = sorted({Target(t.backend, t.device, t.mode) for t in targets(args)}, key=str)
-    return generate_graphs(base, patterns, split(args.dtypes), supports)
+    # in each backend variant a graph runs in (MLX on a GPU: tf32:on/off for graphs with a matmul
+    # or convolution node, as for those ops' own cases)
+    return with_variants(generate_graphs(base, patterns, split(args.dtypes), supports), getattr(args, "tf32", None))
 
 
 def find_graph_cases(ids: Sequence[str]) -> list[Case]:
@@ -51,7 +53,9 @@ def find_graph_cases(ids: Sequence[str]) -> list[Case]:
     for case_id in ids:
         parts = case_id.strip().split("/")
         target = Target.parse(parts[-1])
-        hit = [c for c in generate_graphs([target], [parts[0]]) if c.id == case_id.strip()]
+        base = Target(target.backend, target.device, target.mode)
+        cases = with_variants(generate_graphs([base], [parts[0]]), "both" if target.variant else None)
+        hit = [c for c in cases if c.id == case_id.strip()]
         if not hit:
             raise RlxError(f"no graph case with id {case_id!r}")
         out += hit
