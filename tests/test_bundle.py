@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,17 +25,10 @@ from rlx_conformance.run.bundle import BundleSink, bundle_name, reproduce
 from rlx_conformance.run.portable import standalone
 from rlx_conformance.run.runner import Runner
 from rlx_conformance.run.session import find_case, supports
+from standalone import clean_run
 
 WRONG_SIZE = 7  # "odd" [[7]]: the test kernel below returns wrong values
 CRASH_SIZE = 15  # "matrix" [[3, 5]]: the test kernel below dies by SIGSEGV
-
-
-def clean_run(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    if "TMPDIR" in os.environ:  # MLX's JIT cache for compiled mode
-        env["TMPDIR"] = os.environ["TMPDIR"]
-    return subprocess.run([sys.executable, "-I", str(script), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
 
 
 def pick(op: str, dtype: str, mode: str, grad: str = "", **attrs) -> matrix.Case:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from rlx_conformance.generate.graph_fuzz import graph_strategy  # noqa: E402
 from rlx_conformance.generate.matrix import Target  # noqa: E402
 from rlx_conformance.ops.graphs import check, load_graphs, parse, to_toml  # noqa: E402
 from rlx_conformance.run.fuzz_graphs import fuzz_graphs  # noqa: E402
+from standalone import clean_run
 
 ALL_MODES = [Target("mlx", "cpu", m) for m in ("eager", "lazy", "compiled")]
 SEEN: list = []
@@ -88,14 +87,6 @@ def broken_tanh(monkeypatch):
     monkeypatch.setitem(mlx.kernels, "tanh", dataclasses.replace(mlx.kernels["tanh"], fn=bad_tanh))
 
 
-def clean_run(script: Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    if "TMPDIR" in os.environ:
-        env["TMPDIR"] = os.environ["TMPDIR"]
-    return subprocess.run([sys.executable, "-I", str(script)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
-
-
 def test_injected_fault_is_found_shrunk_and_written(broken_tanh, tmp_path):
     rep = fuzz_graphs(12, 0, [Target("mlx", "cpu", "lazy")], report_dir=tmp_path)
     f = rep.failure
@@ -108,7 +99,7 @@ def test_injected_fault_is_found_shrunk_and_written(broken_tanh, tmp_path):
     g = check(parse(tomllib.loads(f.snippet.read_text())["graph"][0]))
     assert g.name.startswith("regression_") and "tanh" in {n.op for n in g.nodes}
     # the bundle's repro.py rebuilds the minimal graph with the kernel that ran, and fails
-    p = clean_run(f.bundle / "repro.py", tmp_path)
+    p = clean_run(f.bundle / "repro.py", cwd=tmp_path)
     assert p.returncode == 1 and "STILL FAILS" in p.stdout, p.stdout + p.stderr
 
 

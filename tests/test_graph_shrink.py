@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -31,6 +28,7 @@ from rlx_conformance.ops.graphs import get_graph, parse, resolve, to_toml
 from rlx_conformance.run import shrink as S
 from rlx_conformance.run.bundle import bundle_name, reproduce, write_graph_bundle
 from rlx_conformance.run.graph_bundle import shrunk_for_bundle
+from standalone import clean_run
 
 MODES = ("eager", "lazy", "compiled")
 
@@ -48,15 +46,6 @@ def bad_silu(x):
 def broken_silu(monkeypatch):
     mlx = get_backend("mlx")
     monkeypatch.setitem(mlx.kernels, "silu", dataclasses.replace(mlx.kernels["silu"], fn=bad_silu))
-
-
-def clean_run(script: Path, cwd: Path) -> subprocess.CompletedProcess:
-    """repro.py in an isolated interpreter (-I, no PYTHONPATH), outside the checkout."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    if "TMPDIR" in os.environ:
-        env["TMPDIR"] = os.environ["TMPDIR"]
-    return subprocess.run([sys.executable, "-I", str(script)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -137,7 +126,7 @@ def test_mlx_failure_bundle_repro_reports_it(tmp_path):
     assert (folder / "graph.toml").read_text().count("op = ") == 1
     src = (folder / "repro.py").read_text()
     assert not re.search(r"^\s*(import|from) (rlx_conformance|backends)\b", src, re.M)  # nothing of the harness
-    p = clean_run(folder / "repro.py", tmp_path)
+    p = clean_run(folder / "repro.py", cwd=tmp_path)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "STILL FAILS" in p.stdout and "output 0 (y)" in p.stdout
 
@@ -156,7 +145,7 @@ def test_injected_fault_bundle_embeds_the_kernel_that_ran(broken_silu, tmp_path)
     assert doc["self_check"] == "agrees"
     src = (folder / "repro.py").read_text()
     assert "an injected fault" in src  # bad_silu, embedded as the silu kernel
-    p = clean_run(folder / "repro.py", tmp_path)
+    p = clean_run(folder / "repro.py", cwd=tmp_path)
     assert p.returncode == 1 and "STILL FAILS" in p.stdout, p.stdout + p.stderr
 
 
@@ -169,7 +158,7 @@ def test_passing_graph_bundle_is_whole_and_repro_passes(tmp_path):
     folder = tmp_path / r.repro
     doc = _bundle_doc(folder)
     assert not doc["graph"]["shrunk"] and len(doc["run"]["graph"]["nodes"]) == 5
-    p = clean_run(folder / "repro.py", tmp_path)
+    p = clean_run(folder / "repro.py", cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
 
 
