@@ -143,7 +143,7 @@ class Backend:
     # may the precise oracle (rlx_conformance/judge/accuracy.py) accept a zero where the exact result
     # is subnormal; the case then records ftz_used. A property of the arithmetic, not a tolerance.
     ftz_devices: frozenset[str] = frozenset()
-    # What the backend does with run's ``layout`` (matrix.LAYOUTS, one per input): "views" hands
+    # What the backend does with run's ``layout`` (layouts.LAYOUTS, one per input): "views" hands
     # its kernels views of that memory layout (MlxBackend); "values" sees only the logical values,
     # which a layout leaves alone (the CPU reference); "" rejects every layout but contiguous.
     layouts: str = ""
@@ -433,7 +433,7 @@ class Backend:
             layout: Sequence[str] = ()) -> list[np.ndarray]:
         """Run ``op`` once on numpy inputs; numpy outputs in the dtypes the registry declares.
         ``force`` runs even a dtype the kernel does not claim (the declaration check uses it).
-        ``layout``: how each input lies in memory (matrix.LAYOUTS, "" contiguous; matrix.
+        ``layout``: how each input lies in memory (layouts.LAYOUTS, "" contiguous; matrix.
         case_layouts), for a backend whose ``layouts`` is "views"; the inputs are the logical
         values either way. A backend that cannot take layouts raises UnsupportedError."""
         spec = get_op(op)

@@ -22,17 +22,8 @@ from rlx_conformance.backends.mlx import to_mlx, to_mlx_view
 from rlx_conformance.cli.main import main as cli
 from rlx_conformance.core.errors import UnsupportedError
 from rlx_conformance.core.results import CaseResult
-from rlx_conformance.generate.matrix import (
-    LAYOUTS,
-    VIEWS,
-    Target,
-    case_layouts,
-    generate,
-    layout_buffer,
-    layout_of_id,
-    layout_view,
-    make_inputs,
-)
+from rlx_conformance.generate.layouts import LAYOUTS, VIEWS, layout_buffer, layout_of_id, layout_view
+from rlx_conformance.generate.matrix import Target, case_layouts, generate, make_inputs
 from rlx_conformance.judge.divergences import _entry
 from rlx_conformance.run.bundle import reproduce
 from rlx_conformance.run.execute import run_case

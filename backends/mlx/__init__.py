@@ -30,7 +30,7 @@ from rlx_conformance.backends.base import (
 )
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError, UnsupportedError
-from rlx_conformance.generate.matrix import layout_buffer, layout_view
+from rlx_conformance.generate.layouts import layout_buffer, layout_view
 from rlx_conformance.ops import get_op, graphs
 from rlx_conformance.spec.registry import OpSpec, OutSpec
 
@@ -56,8 +56,8 @@ def to_mlx(x: np.ndarray, dtype: str) -> mx.array:
 
 
 def to_mlx_view(x: np.ndarray, dtype: str, layout: str) -> mx.array:
-    """numpy → an MLX view in memory layout ``layout`` (matrix.LAYOUTS; "" contiguous) holding
-    ``x``'s values: the buffer (matrix.layout_buffer) crosses into MLX as it is, then MLX's own
+    """numpy → an MLX view in memory layout ``layout`` (layouts.LAYOUTS; "" contiguous) holding
+    ``x``'s values: the buffer (layouts.layout_buffer) crosses into MLX as it is, then MLX's own
     view ops (swapaxes, stepped and negative-step slices, broadcast_to) make the view, outside
     any compiled function, so that the kernel (and mx.compile's trace) gets the strided input."""
     if not layout:

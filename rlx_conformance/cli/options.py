@@ -24,7 +24,8 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.cli import _output as out
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
-from rlx_conformance.generate.matrix import DTYPE_ABBREVIATIONS, LAYOUT_SETTINGS, Case, Target
+from rlx_conformance.generate.layouts import LAYOUT_SETTINGS
+from rlx_conformance.generate.matrix import DTYPE_ABBREVIATIONS, Case, Target
 from rlx_conformance.judge.stability import classify, summary_line
 from rlx_conformance.run.session import (
     backend_targets,
@@ -66,7 +67,7 @@ def add_grad_option(p: argparse.ArgumentParser) -> None:
 
 def add_layouts_option(p: argparse.ArgumentParser, default: str = "default") -> None:
     """--layouts: which forward cases also run with their inputs as views (issue 17:
-    matrix.LAYOUTS, matrix.generate), and --no-contiguous: those cases alone."""
+    layouts.LAYOUTS, matrix.generate), and --no-contiguous: those cases alone."""
     p.add_argument("--layouts", default=default, choices=LAYOUT_SETTINGS,
                    help="memory layouts (transposed, strided, offset, reversed, broadcast, mixed "
                         "views of the inputs) besides the contiguous cases: none; default, each layout "

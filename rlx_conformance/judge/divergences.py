@@ -134,7 +134,7 @@ class Divergence:
     # which cases: the op itself ("", the default: an entry says nothing of derivatives unless it
     # names them), a derivative glob (vjp, "?*" for every derivative), or "*" for both
     grad: str = ""
-    # which memory layouts (matrix.LAYOUTS; "" contiguous): a glob, "*" by default, since a
+    # which memory layouts (layouts.LAYOUTS; "" contiguous): a glob, "*" by default, since a
     # divergence in the values an op computes holds however its inputs lie in memory; an entry
     # for a layout-only bug names its layout(s) ("reversed", "[sr]*")
     layout: str = "*"

@@ -12,12 +12,12 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.core import data
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.generate.layouts import layout_of_id
 from rlx_conformance.generate.matrix import (
     GRAD_KINDS,
     Case,
     Target,
     generate,
-    layout_of_id,
     selected_dtypes,
 )
 from rlx_conformance.judge import stability
@@ -85,7 +85,7 @@ def build_cases(targets: Sequence[Target], ops: Sequence[str] | None = None,
                 grads: Sequence[str] = (), layouts: str = "none") -> list[Case]:
     """The matrix's cases for ``targets``: the forward cases and, for ``grads`` (derivative kinds:
     :func:`grad_kinds`), the derivative cases, and the forward cases' memory layouts as
-    ``layouts`` says (matrix.LAYOUT_SETTINGS); each case in as many backend variants as its
+    ``layouts`` says (layouts.LAYOUT_SETTINGS); each case in as many backend variants as its
     backend runs it in (``tf32``: on, off, both, or None for what the environment says; MLX's
     float32 matmul/conv family on a GPU, MlxBackend.variants)."""
     return with_variants(generate(targets, ops=ops, dtypes=dtypes, supports=supports,

@@ -44,7 +44,7 @@ def _declared(t: Target, op: str, dtype: str) -> bool:
 
 
 def _layouts(d: kd.Divergence) -> str:
-    """The layout cases (matrix.LAYOUT_SETTINGS) an entry's scope is judged over: none for an
+    """The layout cases (layouts.LAYOUT_SETTINGS) an entry's scope is judged over: none for an
     entry that holds contiguous cases (layout "*", the default: its contiguous cases decide, and
     layout cases are extra evidence), all for one scoped to layouts alone, which only a run of
     every layout case of its ops (--layouts all) can call stale."""
