@@ -7,7 +7,7 @@ from pathlib import Path
 from rlx_conformance.cli.diff import add_diff_options, check_lock, thresholds
 from rlx_conformance.generate.coverage import coverage_of_run
 from rlx_conformance.report import html as report_html
-from rlx_conformance.report import records
+from rlx_conformance.report import junit, records
 from rlx_conformance.report.diff import compare
 from rlx_conformance.report.pairing import pair
 
@@ -23,6 +23,9 @@ def cmd_report(args) -> int:
     report_html.write(rep, out, diff=d, lock=lock, with_plots=not args.no_plots, pairing=p,
                       coverage=coverage_of_run(r["op"] for r in rep.cases))
     print(f"report: {out}")
+    if args.junit:
+        junit.write(Path(args.junit), rep.cases)
+        print(f"junit: {args.junit}")
     return 0
 
 
@@ -34,6 +37,8 @@ def register(sub) -> None:
     p.add_argument("--baseline", metavar="DIR", help="also show the diff against this report dir or results.json")
     p.add_argument("--pair", metavar="DIR", help="also pair the run, case by case, with this run of the "
                    "backend on another device (e.g. MLX gpu with MLX cpu: rlx-conformance pair)")
+    p.add_argument("--junit", metavar="FILE", help="also write the run's JUnit XML (as the nightly's junit.xml) "
+                   "to FILE, e.g. for a merged sharded run")
     p.add_argument("--no-plots", action="store_true", help="leave the plots out (faster; no matplotlib)")
     add_diff_options(p, lock_update=False)
     p.set_defaults(fn=cmd_report)
