@@ -35,6 +35,19 @@ def _verdict(r: dict) -> tuple:
         r.get("message")
 
 
+# Entries about cases the baseline's matrix did not have yet (found by a later run that is not a
+# baseline): the only warnings a rejudge of that baseline may give, "matched no case", and only
+# while the baseline holds none of the cases they scope (test below). Refreshing the baseline
+# empties this.
+NEWER_THAN_BASELINE = {
+    "reports/gpu-baseline": {
+        # the scalar pad cases with vals:special came after the GPU baseline; found by the H200
+        # run of `run --device gpu --mode compiled` on 2026-12-04 (one mode: not a baseline)
+        "cuda-compiled-pad-scalar-identity-returns-fill",
+    },
+}
+
+
 @pytest.mark.parametrize("baseline", BASELINES)
 def test_baseline_rejudges_to_what_it_records(baseline):
     """``merge --rejudge`` of a committed baseline under the file as it is gives every record
@@ -43,12 +56,30 @@ def test_baseline_rejudges_to_what_it_records(baseline):
     recs = records.load(ROOT / baseline / "results.json.gz").cases
     results = [run_div.rejudge(CaseResult.from_json(r)) for r in recs]
     warnings = run_div.finalize(results)
-    assert not warnings
+    newer = NEWER_THAN_BASELINE.get(baseline, set())
+    assert not [w for w in warnings if not any(w.startswith(f"known divergence {k} (") for k in newer)]
+    ids = {r["id"].rsplit("/", 1)[0] for r in recs}
+    for key in newer:  # the baseline really lacks every case of such an entry
+        d = kd.by_key()[key]
+        targets = {Target.parse(r["id"].rsplit("/", 1)[1]) for r in recs}
+        base = sorted({Target(t.backend, t.device, t.mode) for t in targets}, key=str)
+        scoped = [c.id.rsplit("/", 1)[0] for c in matrix.generate(base, ops=list(d.op))
+                  if kd.known_divergence(c) is d]
+        assert scoped and not ids & set(scoped), key
     got = [_verdict(r.to_json()) for r in results]
-    diff = [(r["id"], _verdict(r), g) for r, g in zip(recs, got) if _verdict(r) != g]
+    diff = [(r["id"], _verdict(r), g) for r, g in zip(recs, got) if _verdict(r) != g
+            and not _pass_under_nondeterministic_entry(_verdict(r), g)]
     assert not diff, diff[:5]
     assert sum(r["outcome"] == "xfail" for r in recs) > 2500
     assert not [r["id"] for r in recs if r["outcome"] == "xpass"]
+
+
+def _pass_under_nondeterministic_entry(was: tuple, now: tuple) -> bool:
+    """A pass the baseline recorded that now lies in the scope of a strict = false entry (a
+    divergence that shows in some runs only, found after the baseline): still a pass, now
+    annotated with the entry; any other change is a disagreement."""
+    return was == ("pass", None, None, "") and now[0] == "pass" and now[1] is not None \
+        and not kd.by_key()[now[1]].strict
 
 
 @pytest.mark.parametrize("baseline", BASELINES)

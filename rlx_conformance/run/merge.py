@@ -227,7 +227,11 @@ def merge(out_dir: str | Path, inputs: Sequence[str | Path], *, partial: bool = 
     else:  # the judgments the shards left undone, over the whole set, as session.execute makes them
         warnings += finalize(results)
         meta["bit_stability_failures"] = enforce(results)
-    meta["warnings"] = list(dict.fromkeys(warnings + [w for s in shards for w in s.run.get("warnings") or []]))
+    # a rejudge judges the known divergences again: the shards' own warnings about entries (stale,
+    # matched no case) were about the entries as they were, and finalize() said what holds now
+    carried = [w for s in shards for w in s.run.get("warnings") or []
+               if not (rejudge and w.startswith("known divergence "))]
+    meta["warnings"] = list(dict.fromkeys(warnings + carried))
     path = out / "results.json"
     res.write_results(path, meta, results, classify(results))
     copy_bundles(shards, out)
