@@ -1,5 +1,7 @@
 """The pytest items of the conformance matrix (loaded by rlx_conformance.pytest_plugin only when a
-``conformance*.toml`` file is collected): one item per case, fed by one isolated Runner.
+``conformance*.toml`` file is collected): one item per case, fed by one isolated Runner. The
+matrix is ``run``'s: the ops' cases with their memory layouts, and the graph cases (issue 17),
+each item named by its case id (``-k layout:transposed``, ``-k graph:`` select those).
 
 The session-wide checks (strict known divergences, bit-stability) need every record of the
 session. A plain session has them; under ``-k`` or another deselection they run over the selected
@@ -20,12 +22,16 @@ import pytest
 
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.generate.graphs import generate_graphs, graph_patterns
+from rlx_conformance.generate.layouts import LAYOUT_SETTINGS
+from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge.divergences import divergences, entry_name
 from rlx_conformance.judge.stability import classify, enforce
+from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
 from rlx_conformance.run.runner import Runner
-from rlx_conformance.run.session import backend_targets, build_cases, grad_kinds
+from rlx_conformance.run.session import backend_targets, build_cases, grad_kinds, supports, with_variants
 
 # The user property that carries a worker's case record (CaseResult.to_json, as JSON text) to the
 # xdist controller; the plugin takes it off each report before any other plugin (junitxml) sees it.
@@ -55,13 +61,39 @@ class MatrixFile(pytest.File):
         try:
             modes = listify(pick("mode", "modes"))
             targets = backend_targets(pick("backend", "backend", "mlx"), listify(pick("device", "devices", "cpu")), modes)
-            cases = build_cases(targets, listify(pick("ops", "ops")), listify(pick("dtypes", "dtypes")),
-                                grads=grad_kinds(pick("grad", "grad", "all")))
+            cases = matrix_cases(targets, listify(pick("ops", "ops")), listify(pick("dtypes", "dtypes")),
+                                 grads=grad_kinds(pick("grad", "grad", "all")),
+                                 layouts=pick("layouts", "layouts", "default"), graphs=pick("graphs", "graphs"))
             divergences()  # the data is checked now: a bad entry is a usage error, not a traceback at the end
         except RlxError as e:
             raise pytest.UsageError(f"{self.path.name}: {e}") from None
         for c in cases:
             yield CaseItem.from_parent(self, name=c.id, case=c)
+
+
+def matrix_cases(targets: list[Target], ops: list[str] | None, dtypes: list[str] | None, *,
+                 grads: tuple[str, ...], layouts: str, graphs: str | list[str] | None) -> list[Case]:
+    """The items' cases, as ``rlx-conformance run`` selects them: the ops' forward and derivative
+    cases with their memory layouts (``layouts``: none, default or all, as --layouts), then the
+    graph cases (``graphs``: all, none, or globs over graph names, as --graphs; None: all when no
+    op glob is given, none otherwise), with their VJP cases where ``grads`` has vjp. Op globs
+    that start with ``graph:`` select graphs, as ``run --ops 'graph:*'`` does; given alone, they
+    leave the ops out."""
+    if layouts not in LAYOUT_SETTINGS:
+        raise RlxError(f"layouts must be one of {', '.join(LAYOUT_SETTINGS)}, not {layouts!r}")
+    graph_pats = [p for p in ops or [] if p.startswith(GRAPH_PREFIX)]
+    op_pats = [p for p in ops or [] if not p.startswith(GRAPH_PREFIX)] if ops is not None else None
+    if isinstance(graphs, list):
+        graphs = ",".join(graphs) or "none"
+    if graph_pats:
+        graphs = ",".join(([graphs] if graphs not in (None, "all", "none") else []) + graph_pats)
+    cases = [] if graph_pats and not op_pats else build_cases(targets, op_pats or None, dtypes, grads=grads,
+                                                               layouts=layouts)
+    patterns = graph_patterns(graphs if graphs is not None else ("none" if op_pats else "all"))
+    if patterns == []:
+        return cases
+    base = sorted({Target(t.backend, t.device, t.mode) for t in targets}, key=str)
+    return cases + with_variants(generate_graphs(base, patterns, dtypes, supports, grads=("", *grads)))
 
 
 class CaseFailure(Exception):

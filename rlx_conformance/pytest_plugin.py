@@ -1,9 +1,11 @@
 """pytest plugin: every case of the matrix is a test item whose name is the case id.
 
 A file named ``conformance*.toml`` in a test directory declares a matrix (``[matrix]`` backend,
-device, modes, ops, dtypes, grad: the derivative cases, as ``run --grad``); ``--rlx-*`` options
-override it; ``-k 'grad:vjp'`` selects the derivative cases of a kind. Items run through the same isolated
-runner as the CLI: the first item to run starts the runner on every selected item, in order, and
+device, modes, ops, dtypes, grad: the derivative cases, as ``run --grad``; layouts and graphs,
+as ``run --layouts`` and ``--graphs``); ``--rlx-*`` options override it; ``-k 'grad:vjp'`` selects
+the derivative cases of a kind, ``-k layout:transposed`` a memory layout's, ``-k graph:`` the
+graph cases (their ids say so, as ``rlx-conformance list`` prints them). Items run through the
+same isolated runner as the CLI: the first item to run starts the runner on every selected item, in order, and
 each item reports its own result as it arrives (so a kernel that crashes or hangs becomes one
 failed item, not a dead session). Under pytest-xdist each worker runs its items in-process and
 xdist's worker restart provides the crash isolation, and each worker sends its records to the
@@ -60,6 +62,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--rlx-dtypes", help="comma-separated dtype globs")
     g.addoption("--rlx-grad", help="derivative cases besides the forward ones: all (the default), "
                                    "none, or kinds among vjp, jvp, hvp, comma-separated")
+    g.addoption("--rlx-layouts", help="memory layouts besides the contiguous cases, as run --layouts: none, "
+                                      "default (the default: each layout once per op and shape family) or all")
+    g.addoption("--rlx-graphs", help="graph cases (cases/graphs.toml), as run --graphs: all, none or globs over "
+                                     "graph names, comma-separated (default: all without --rlx-ops, none with it)")
     g.addoption("--rlx-report", help="also write results.json, and a repro bundle per failing case, into this directory")
     g.addoption("--rlx-workers", type=int, help="runner worker processes (default: one per core)")
     g.addoption("--rlx-timeout", type=float, default=30.0, help="seconds per case before timeout")

@@ -236,3 +236,32 @@ def test_the_shards_sweeps_merge_with_them(tmp_path):
     doc = json.loads((tmp_path / "out" / "exhaustive.json").read_text())
     assert sorted(r["op"] for r in doc["rows"]) == ["abs", "neg"] and doc["summary"]["total"] == 2
     assert "shard" not in doc["run"] and not doc["failed"]
+
+
+def test_shards_of_layout_and_graph_cases_merge_to_the_whole_run(tmp_path):
+    """A selection with layout and graph cases (issue 17): two shards, merged, give the whole
+    run's records (the layout and graph ones among them), summary and stability section."""
+    sel = ["run", "--ops", "relu,mat_mul,graph:residual*", "--layouts", "default", "--grad", "none",
+           "--dtypes", "float32", "--mode", "eager,compiled", "--workers", "1", "--no-progress", "--no-bundles"]
+
+    def cli_run(*args: str) -> subprocess.CompletedProcess:
+        p = subprocess.run([sys.executable, "-m", "rlx_conformance", *args], check=False, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode in (0, 1), p.stdout + p.stderr
+        return p
+
+    cli_run(*sel, "--report", str(tmp_path / "whole"))
+    for i in (1, 2):
+        cli_run(*sel, "--shard", f"{i}/2", "--report", str(tmp_path / f"s{i}"))
+    cli_run("merge", str(tmp_path / "merged"), str(tmp_path / "s1"), str(tmp_path / "s2"))
+    docs = {k: json.loads((tmp_path / k / "results.json").read_text()) for k in ("whole", "s1", "s2", "merged")}
+    whole, merged = without_timing(docs["whole"]), without_timing(docs["merged"])
+    assert merged == whole
+    assert any(c["layout"] for c in whole.values()) and any(c["op"].startswith("graph:") for c in whole.values())
+    for k in ("s1", "s2"):  # each shard holds some of each kind
+        recs = docs[k]["cases"]
+        assert any(c["layout"] for c in recs) and any(c["op"].startswith("graph:") for c in recs)
+        assert any(not c["layout"] and not c["op"].startswith("graph:") for c in recs)
+    assert docs["merged"]["summary"] == docs["whole"]["summary"]
+    assert docs["merged"].get("stability") == docs["whole"].get("stability")
+    assert docs["merged"]["run"]["selection"]["layouts"] == "default"

@@ -264,6 +264,73 @@ class MlxBackend(Backend):
         dtype, attributes, stream) and so traced afresh at each new input shape (MLX's compile
         cache). A host-delegated kernel cannot be traced: compiled mode then runs lazily, as
         RLX's fallback does. Returns the outputs (numpy) and notes for the record."""
+        mode, stream, key, notes = self._graph_setup(graph, device, mode)
+        function = self._graph_function(key, [name for name, _ in graph.inputs], mode)
+        with mx.stream(stream):
+            args = [to_mlx(inputs[name], d) for name, (_, d) in graph.inputs]
+            if mode == "compiled":
+                fn = self._compiled.get(key)
+                if fn is None:
+                    fn = self._compiled[key] = mx.compile(function)
+                res = fn(*args)
+            else:
+                res = function(*args)
+            mx.eval(res)
+        return [to_numpy(r) for r in res], notes
+
+    def run_graph_vjp(self, graph: Any, inputs: Mapping[str, np.ndarray], primals: Sequence[str],
+                      cotangents: Sequence[np.ndarray | None], device: str = "cpu",
+                      mode: str | None = None) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """The VJP of a graph case (issue 17 item 6) by ``mx.vjp`` over the whole graph function
+        :meth:`run_graph` evaluates, with respect to the graph inputs ``primals`` (the others held
+        fixed), from one cotangent per graph output (None for a non-floating output, which gets
+        none). An edge the registry declares non-differentiable (an op's non-differentiable input,
+        or any input of a non-differentiable op; a float-to-float cast is differentiable, the
+        identity) is cut by ``mx.stop_gradient``, as the reference's rules stop there. eager
+        evaluates after every node of the forward inside the transform; lazy builds the whole VJP
+        graph once; compiled runs ``mx.compile`` over the whole VJP function (one per graph,
+        dtype, primals, stream; traced afresh per shape). Returns one result per primal and notes."""
+        mode, stream, key, notes = self._graph_setup(graph, device, mode)
+        names = [name for name, _ in graph.inputs]
+        vkey = ("vjp", key, tuple(primals))
+        self._compiled[("graph-current",)][vkey] = self._compiled[("graph-current",)][key]
+        function = self._graph_function(vkey, names, mode, cut=True)
+        floats = [k for k, c in enumerate(cotangents) if c is not None]
+        pidx = [names.index(p) for p in primals]
+        fixed = [k for k in range(len(names)) if k not in pidx]
+
+        def vjp(*flat):
+            ps, rest = list(flat[:len(pidx)]), list(flat[len(pidx):])
+            consts, cots = rest[:len(fixed)], rest[len(fixed):]
+
+            def f(*p):
+                full: list[Any] = [None] * len(names)
+                for k, a in zip(pidx, p):
+                    full[k] = a
+                for k, a in zip(fixed, consts):
+                    full[k] = a
+                res = function(*full)
+                return [res[k] for k in floats]
+            return mx.vjp(f, ps, cots)[1]
+
+        with mx.stream(stream):
+            args = [to_mlx(inputs[name], d) for name, (_, d) in graph.inputs]
+            cots = [to_mlx(cotangents[k], dt.name_of(cotangents[k].dtype)) for k in floats]
+            flat = [args[k] for k in pidx] + [args[k] for k in fixed] + cots
+            if mode == "compiled":
+                fn = self._compiled.get(vkey)
+                if fn is None:
+                    fn = self._compiled[vkey] = mx.compile(vjp)
+                res = fn(*flat)
+            else:
+                res = vjp(*flat)
+            mx.eval(res)
+        return [to_numpy(r) for r in res], notes
+
+    def _graph_setup(self, graph: Any, device: str, mode: str | None) -> tuple[str, Any, Any, dict[str, Any]]:
+        """What :meth:`run_graph` and :meth:`run_graph_vjp` share: the mode (compiled falls back
+        to lazy for a host-delegated kernel), the stream, the compile cache key (its graph and
+        kernels registered for :meth:`_graph_function`) and the notes for the record."""
         mode = mode or self.default_mode
         if mode not in self.modes:
             raise SpecError(f"{self.name}: unknown mode {mode!r} (modes: {', '.join(self.modes)})")
@@ -287,6 +354,8 @@ class MlxBackend(Backend):
                                             f"{self.RLX_COMPILE_MAX_NODES}: RLX runs it lazily; compiled here")
         on_cpu = device == "cpu" or "float64" in dtypes or any(e.options.get("cpu_stream") for e in entries)
         stream = mx.cpu if on_cpu else mx.gpu
+        if stream == mx.cpu and device != "cpu":
+            notes["stream"] = "cpu"
         names = [name for name, _ in graph.inputs]
         holder = self._compiled.setdefault(("graph-current",), {})
         # the structure (edges, inputs, outputs) and the kernels too: the shrinker and the fuzzer
@@ -295,34 +364,33 @@ class MlxBackend(Backend):
                repr([(n.op, n.inputs, sorted(n.attrs.items())) for n in graph.nodes]),
                tuple(id(e.fn) for e in entries))
         holder[key] = (graph, entries)
+        return mode, stream, key, notes
+
+    def _graph_function(self, key: Any, names: Sequence[str], mode: str, cut: bool = False):
+        """The graph as one function of its inputs (in ``names``' order) to its outputs, reading
+        the graph and kernels registered under ``key`` at call time (the graph at the shapes of
+        this call). ``cut``: stop the gradient at the edges the registry declares
+        non-differentiable (:meth:`run_graph_vjp`)."""
+        holder = self._compiled[("graph-current",)]
 
         def function(*args):
-            g, ents = holder[key]  # the graph at the shapes of this call (set before each call)
+            g, ents = holder[key]
             env = dict(zip(names, args))
             for n, entry in zip(g.nodes, ents):
                 spec = get_op(n.op)
                 cdts = compute_dtypes(spec, [d for _, d in n.in_specs])
-                res = self._graph(entry, spec, n.attrs, cdts, list(n.outs), None)(*[env[x] for x in n.inputs])
+                xs = [env[x] for x in n.inputs]
+                if cut:
+                    keep = graphs.differentiable_edges(n)
+                    xs = [x if k else mx.stop_gradient(x) for x, k in zip(xs, keep)]
+                res = self._graph(entry, spec, n.attrs, cdts, list(n.outs), None)(*xs)
                 if mode == "eager":
                     mx.eval(res)
                 env[n.name] = res[0]
                 for k, r in enumerate(res[1:], 1):
                     env[f"{n.name}#{k}"] = r
             return [env[o] for o in g.outputs]
-
-        with mx.stream(stream):
-            args = [to_mlx(inputs[name], d) for name, (_, d) in graph.inputs]
-            if mode == "compiled":
-                fn = self._compiled.get(key)
-                if fn is None:
-                    fn = self._compiled[key] = mx.compile(function)
-                res = fn(*args)
-            else:
-                res = function(*args)
-            mx.eval(res)
-        if stream == mx.cpu and device != "cpu":
-            notes["stream"] = "cpu"
-        return [to_numpy(r) for r in res], notes
+        return function
 
     def _graph(self, entry, spec, attrs, cdts, outs, step, check=False):
         """widen → kernel → contract check → narrow, with ``step`` (mx.eval in eager mode) between.

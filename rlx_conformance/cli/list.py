@@ -2,7 +2,8 @@
 line (never wrapped: each line is a whole id to copy), or ``--format json``: schema
 rlx-conformance/list/v1, ``count`` and ``cases`` (id, op, dtype, target, declared: whether the
 backend declares the dtype there, grad: the derivative kind, "" for the forward, layout: the
-memory layout, "" for contiguous; ``--layouts`` and ``--no-contiguous`` as for run)."""
+memory layout, "" for contiguous, graph: a graph case's graph name, "" for an op's case;
+``--layouts``, ``--no-contiguous`` and ``--graphs`` as for run)."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,8 @@ from rlx_conformance.cli.options import (
     split,
     targets,
 )
+from rlx_conformance.generate.graphs import is_graph
+from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.run.session import build_cases
 
 
@@ -31,7 +34,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.format == "json":
         out.emit_json("list", {"count": len(cases), "cases": [
             {"id": c.id, "op": c.op, "dtype": c.dtype, "target": str(c.target), "declared": c.declared,
-             "grad": c.grad, "layout": c.layout}
+             "grad": c.grad, "layout": c.layout, "graph": c.op.removeprefix(GRAPH_PREFIX) if is_graph(c) else ""}
             for c in cases]})
         return 0
     for c in cases:

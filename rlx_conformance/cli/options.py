@@ -1,9 +1,9 @@
 """Options and output shared by several commands: matrix selection (--backend/--device/--mode/
 --ops/--dtypes/--tf32, --grad: add_grad_option, --layouts: add_layouts_option, the devices
-checked against this machine:
-check_devices), case ids
-(find_cases), sharding and sampling, the progress bar and the end-of-run summary (text through
-cli/_output.py, or summary_doc for --format json)."""
+checked against this machine: check_devices), the time limits (--timeout, --timeout-floor,
+--max-consecutive-failures: add_timeout_options), case ids (find_cases), sharding and sampling,
+the progress bar and the end-of-run summary (text through cli/_output.py, or summary_doc for
+--format json)."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +27,13 @@ from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.layouts import LAYOUT_SETTINGS
 from rlx_conformance.generate.matrix import DTYPE_ABBREVIATIONS, Case, Target
 from rlx_conformance.judge.stability import classify, summary_line
+from rlx_conformance.run.runner import (
+    DEFAULT_MAX_FAILURES,
+    DEFAULT_TIMEOUT,
+    JIT_ALLOWANCE,
+    KERNEL_FLOOR,
+    REFERENCE_FACTOR,
+)
 from rlx_conformance.run.session import (
     backend_targets,
     build_cases,
@@ -56,6 +63,33 @@ def add_matrix_options(p: argparse.ArgumentParser) -> None:
                    help="MLX_ENABLE_TF32 for the workers; the float32 matmul/conv family on a GPU "
                         "runs as target variant tf32:on / tf32:off, both ways with 'both' "
                         "(default: as the environment says)")
+
+
+def add_timeout_options(p: argparse.ArgumentParser) -> None:
+    """--timeout, --timeout-floor and --max-consecutive-failures: how long a case may run and when
+    a kernel that keeps crashing or hanging is stopped (run/runner.py)."""
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                   help="the most seconds a case may take, the harness's own work included; a "
+                        "timed-out case is retried once, in a fresh worker, unless its kernel's "
+                        f"previous case crashed or timed out too (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--timeout-floor", type=float, default=None, metavar="S",
+                   help="the kernel call's limit is the larger of this floor and "
+                        f"{REFERENCE_FACTOR:g}x the reference's time on the same inputs, at most "
+                        "--timeout (default: " + ", ".join(f"{v:g} s on {d}" for d, v in KERNEL_FLOOR.items())
+                        + ", plus " + ", ".join(f"{v:g} s on {d}" for d, v in JIT_ALLOWANCE.items())
+                        + " for a compiled target's first JIT compile)")
+    p.add_argument("--max-consecutive-failures", type=int, default=DEFAULT_MAX_FAILURES, metavar="K",
+                   help="after K consecutive crashes or timeouts of one kernel (an op on a target), "
+                        "its remaining cases are not run (outcome not-run; the run fails); 0: never "
+                        f"stop (default {DEFAULT_MAX_FAILURES})")
+
+
+def check_timeouts(args) -> None:
+    """The timeout options' values (a usage error, exit 2, when out of range)."""
+    if args.timeout <= 0 or (args.timeout_floor is not None and args.timeout_floor <= 0):
+        raise RlxError("--timeout and --timeout-floor want seconds > 0")
+    if args.max_consecutive_failures < 0:
+        raise RlxError("--max-consecutive-failures wants a count >= 0 (0: never stop)")
 
 
 def add_grad_option(p: argparse.ArgumentParser) -> None:

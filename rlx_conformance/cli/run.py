@@ -16,6 +16,8 @@ from rlx_conformance.cli.options import (
     add_grad_option,
     add_layouts_option,
     add_matrix_options,
+    add_timeout_options,
+    check_timeouts,
     find_cases,
     grads,
     layout_cases,
@@ -43,6 +45,7 @@ from rlx_conformance.run.session import (
 def cmd_run(args) -> int:
     if args.repeat < 1 or args.sample < 1:
         raise RlxError("--repeat and --sample want a count >= 1")
+    check_timeouts(args)
     kinds = grads(args)
     if args.case:
         graph_ids = [c for c in args.case if is_graph(c)]
@@ -97,7 +100,8 @@ def cmd_run(args) -> int:
             run = execute(cases, report, workers=args.workers, timeout=args.timeout, on_result=on_result,
                           strict_divergences=not (args.case or args.shard or args.sample > 1),
                           repeat=args.repeat, bundles=not args.no_bundles, shard=shard,
-                          prior=prior, prior_wall_s=prior_wall, selection=chosen, **tf32)
+                          prior=prior, prior_wall_s=prior_wall, selection=chosen,
+                          timeout_floor=args.timeout_floor, max_failures=args.max_consecutive_failures, **tf32)
         except KeyboardInterrupt:
             print(f"interrupted: partial results in {report / 'results.json'}", file=sys.stderr)
             return 130
@@ -130,7 +134,7 @@ def register(sub) -> None:
     r.add_argument("--case", action="append", metavar="ID", help="run exactly this case id (repeatable)")
     r.add_argument("--report", metavar="DIR", help="report directory (default: reports/run-<time>)")
     r.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
-    r.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run before it is killed (default 60)")
+    add_timeout_options(r)
     r.add_argument("--shard", metavar="I/N", help="run only shard I of N (deterministic split)")
     r.add_argument("--resume", metavar="DIR",
                    help="finish the interrupted or killed run in DIR (same options as it had): "

@@ -13,12 +13,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from rlx_conformance.cli import _output as out
-from rlx_conformance.cli.options import check_devices, split
+from rlx_conformance.cli.options import add_timeout_options, check_devices, check_timeouts, split
 from rlx_conformance.core import results as res
 from rlx_conformance.run.session import grad_kinds
 from rlx_conformance.run.validate import rerun_command, validate
 
-SHOWN = ("pass", "fail", "xfail", "error", "contract", "crash", "timeout", "skip")
+SHOWN = ("pass", "fail", "xfail", "error", "contract", "crash", "timeout", "not-run", "skip")
+UNRUN = ("skip", "not-run")  # not counted as run in the tables
 
 
 def register(sub) -> None:
@@ -27,7 +28,10 @@ def register(sub) -> None:
                        description="Registers FUNC for OP on the backend for this run only and runs "
                        "OP's case matrix against the CPU reference. Exit 0: every case passes; 1: a "
                        "case fails, errors, breaks the call convention, crashes or times out, an "
-                       "error input is accepted, or fuzzing found a failure; 2: usage error.")
+                       "error input is accepted, or fuzzing found a failure; 2: usage error. A kernel "
+                       "that crashes or hangs on case after case is stopped (--max-consecutive-failures): "
+                       "its remaining cases report not-run, and the error inputs, speed and fuzzing are "
+                       "skipped.")
     p.add_argument("op", metavar="OP", help="registry op name (rlx-conformance ops)")
     p.add_argument("--kernel", required=True, metavar="MODULE:FUNC|path.py:FUNC",
                    help="the kernel: FUNC(*inputs, **attrs) in an importable module or a .py file")
@@ -50,7 +54,7 @@ def register(sub) -> None:
     p.add_argument("--speed-cases", type=int, default=8, metavar="K",
                    help="passing cases to time against the built-in kernel and the reference (default 8; 0: none)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a case may run (default 60)")
+    add_timeout_options(p)
     p.add_argument("--show", type=int, default=5, help="worst cases to list (default 5)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     out.add_format_option(p)
@@ -66,12 +70,14 @@ def cmd_validate(args) -> int:
 
     if args.device != "all":  # validate runs one device; "all" is refused by validate() itself
         check_devices(args.backend, args.device)
+    check_timeouts(args)
     try:
         v = validate(args.op, args.kernel, backend=args.backend, device=args.device, mode=args.mode,
                      dtypes=split(args.dtypes), case_ids=args.case, report_dir=Path(args.report) if args.report else None,
                      workers=args.workers, timeout=args.timeout, fuzz=args.fuzz,
                      derandomize=args.derandomize, strict=args.strict, speed_cases=args.speed_cases,
-                     on_stage=stage, grads=grad_kinds(args.grad))
+                     on_stage=stage, grads=grad_kinds(args.grad), timeout_floor=args.timeout_floor,
+                     max_failures=args.max_consecutive_failures)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -92,7 +98,7 @@ def _table(title: str, key: str, v) -> object:
         t.add_column(o, justify="right", style="red" if o in res.RUN_FAILING else None)
     for name in sorted(counts, key=lambda k: (-sum(counts[k].values()), k)) if key == "family" else counts:
         c = counts[name]
-        run = sum(n for o, n in c.items() if o != "skip")
+        run = sum(n for o, n in c.items() if o not in UNRUN)
         t.add_row(name or "forward", str(run), *[str(c[o]) if c[o] else "" for o in cols])
     return t
 
@@ -111,7 +117,7 @@ def _attr_table(v) -> object | None:
     for o in cols:
         t.add_column(o, justify="right", style="red" if o in res.RUN_FAILING else None)
     for name, c in rows:
-        t.add_row(name, str(sum(n for o, n in c.items() if o != "skip")), *[str(c[o]) if c[o] else "" for o in cols])
+        t.add_row(name, str(sum(n for o, n in c.items() if o not in UNRUN)), *[str(c[o]) if c[o] else "" for o in cols])
     return t
 
 
@@ -197,7 +203,10 @@ def print_verdict(v, show: int = 5) -> None:
             _positions(console, r, 3)
             if r.outcome == "fail":
                 _line(console, "rerun: " + rerun_command(r), 3)
-    other = [r for r in v.bad_cases if r.outcome != "fail"]
+    unrun = [r for r in v.bad_cases if r.outcome == "not-run"]
+    if unrun:  # one reason for them all: said once, not per case
+        _line(console, f"{len(unrun)} case(s) not run: {unrun[0].message.removeprefix('not run: ')}")
+    other = [r for r in v.bad_cases if r.outcome not in ("fail", "not-run")]
     if other:
         console.print(f"[bold]{len(other)} case(s) that did not compute a comparable result[/bold]")
         for r in other[:show]:
@@ -208,7 +217,9 @@ def print_verdict(v, show: int = 5) -> None:
             if r.repro:
                 _line(console, f"bundle: {v.report_dir / r.repro / 'repro.py'}", 3)
 
-    if v.error_probes:
+    if v.stopped:
+        console.print("error-input parity, speed and fuzzing: skipped (the kernel was stopped, above)")
+    elif v.error_probes:
         t = Table(title="error-input parity", title_justify="left")
         for col in ("error input", "harness pre-validation", "kernel alone", "verdict"):
             t.add_column(col, overflow="fold")
@@ -273,7 +284,8 @@ def print_verdict(v, show: int = 5) -> None:
     else:
         why = []
         if bad:
-            why.append(f"{len(bad)} bad case(s)")
+            kinds = [f"{summary[o]} {o}" for o in res.RUN_FAILING if summary[o]]
+            why.append(f"{len(bad)} bad case(s) ({', '.join(kinds)})")
         if rejected:
             why.append(f"{rejected} error input(s) accepted")
         if v.fuzz is not None and v.fuzz.failure is not None:

@@ -23,8 +23,10 @@ from rlx_conformance.core.errors import RlxError
 SCHEMA = "rlx-conformance/results/v1"
 # contract: the kernel broke the call convention (wrong output count/shape/dtype, a non-array
 # output, an input modified in place): reported as such, never as a numeric mismatch.
-OUTCOMES = ("pass", "fail", "xfail", "xpass", "error", "contract", "crash", "timeout", "skip")
-RUN_FAILING = ("fail", "xpass", "error", "contract", "crash", "timeout")  # outcomes that fail a run
+# not-run: the runner stopped the case's kernel (an op on a target) after consecutive crashes or
+# timeouts (run/runner.py, --max-consecutive-failures): nothing was checked, so it fails the run.
+OUTCOMES = ("pass", "fail", "xfail", "xpass", "error", "contract", "crash", "timeout", "not-run", "skip")
+RUN_FAILING = ("fail", "xpass", "error", "contract", "crash", "timeout", "not-run")  # outcomes that fail a run
 
 
 @dataclass

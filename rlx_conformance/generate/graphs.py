@@ -12,7 +12,7 @@ import numpy as np
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.matrix import Case, Target, selected_dtypes
-from rlx_conformance.ops.graphs import PREFIX, Graph, Resolved, eval_expr, get_graph, resolve, select
+from rlx_conformance.ops.graphs import PREFIX, Graph, Resolved, eval_expr, get_graph, primals, resolve, select
 from rlx_conformance.spec import values
 
 # --graphs: every graph, none, or globs over graph names
@@ -31,11 +31,17 @@ def resolved(case: Case) -> Resolved:
 
 def generate_graphs(targets: Sequence[Target], patterns: Sequence[str] | None = None,
                     dtypes: Sequence[str] | None = None,
-                    supports: Callable[[Target, str, str], bool] | None = None) -> list[Case]:
+                    supports: Callable[[Target, str, str], bool] | None = None,
+                    grads: Sequence[str] = ("",)) -> list[Case]:
     """Graph cases for ``targets``: each graph of ``patterns`` (globs; None: all) in each of its
     dtypes that ``dtypes`` selects, shape sets and value classes. A target whose backend does not
-    declare every node's op in its dtype (``supports(target, op, dtype)``) gets no case of it."""
+    declare every node's op in its dtype (``supports(target, op, dtype)``) gets no case of it.
+    ``grads``: the forward ("") and, with "vjp" (issue 17 item 6), the graph's VJP case
+    (``…/grad:vjp/<target>``, right after its forward twin) where the graph has a floating output
+    that depends on a floating input through differentiable edges (ops/graphs.primals); the
+    other derivative kinds have no graph cases."""
     dtypes = selected_dtypes(dtypes)
+    kinds = [k for k in grads if k in ("", "vjp")]
     out: list[Case] = []
     for g in select(patterns):
         for t in g.dtypes:
@@ -44,11 +50,13 @@ def generate_graphs(targets: Sequence[Target], patterns: Sequence[str] | None = 
             for set_name, _ in g.shapes:
                 r = resolve(g, t, set_name)
                 shapes = tuple(s for _, (s, _) in r.inputs)
+                ks = [k for k in kinds if not k or (dt.is_float(t) and primals(r))]
                 for vals in g.values:
-                    for tg in targets:
-                        if supports and not all(supports(tg, n.op, _type_var(n)) for n in r.nodes):
-                            continue
-                        out.append(Case(g.op, t, shapes, set_name, (), vals, tg))
+                    for k in ks:
+                        for tg in targets:
+                            if supports and not all(supports(tg, n.op, _type_var(n)) for n in r.nodes):
+                                continue
+                            out.append(Case(g.op, t, shapes, set_name, (), vals, tg, grad=k))
     return out
 
 
@@ -64,6 +72,26 @@ def graph_patterns(option: str | None) -> list[str] | None:
     if option == "none":
         return []
     return [p.strip() for p in option.split(",") if p.strip()]
+
+
+def make_graph_cotangents(case: Case) -> list[np.ndarray | None]:
+    """The cotangents of graph VJP case ``case``, one per graph output (None for a non-floating
+    one), made from the id as a single-op derivative case's are (matrix.make_seeds: stream
+    ``<input id>#cot<k>``, uniform in [-1, 1], rounded to the output's dtype)."""
+    r = resolved(case)
+    env = dict(r.inputs)
+    for n in r.nodes:
+        env[n.name] = n.outs[0]
+        env.update({f"{n.name}#{k}": o for k, o in enumerate(n.outs[1:], 1)})
+    out: list[np.ndarray | None] = []
+    for k, o in enumerate(r.outputs):
+        shape, dtype = env[o]
+        if not dt.is_float(dtype):
+            out.append(None)
+            continue
+        u = values.Stream(f"{case.input_id}#cot{k}").uniform(int(np.prod(shape)), -1.0, 1.0)
+        out.append(u.astype(dt.np_dtype(dtype)).reshape(shape))
+    return out
 
 
 def make_graph_inputs(case: Case) -> dict[str, np.ndarray]:
@@ -108,5 +136,5 @@ def _indices(stream: values.Stream, shape: tuple[int, ...], n: int, distinct: in
 
 
 __all__ = ["GRAPH_SETTINGS", "Graph", "generate_graphs", "graph_inputs", "graph_patterns", "is_graph",
-           "make_graph_inputs",
+           "make_graph_cotangents", "make_graph_inputs",
            "resolved"]

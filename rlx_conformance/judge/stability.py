@@ -99,7 +99,7 @@ def repeat_cases(cases: Sequence[Any], n: int) -> list[Any]:
     return [replace(c, repeat=k) for k in range(n) for c in cases]
 
 
-_SEVERITY = ("crash", "timeout", "contract", "error", "fail", "xpass", "xfail", "pass", "skip")  # worst first
+_SEVERITY = ("crash", "timeout", "not-run", "contract", "error", "fail", "xpass", "xfail", "pass", "skip")  # worst first
 
 
 def merge_repeats(results: Iterable[Any]) -> list[Any]:

@@ -229,6 +229,45 @@ def resolve(graph: Graph, dtype: str, shape_set: str) -> Resolved:
     return Resolved(graph, dtype, shape_set, tuple(ins), tuple(nodes))
 
 
+def differentiable_edges(node: RNode) -> list[bool]:
+    """Whether a gradient flows along each of ``node``'s input edges, as the registry says
+    (the single-op derivative cases' rule: the op is differentiable and declares that input so,
+    a variadic input's arrays sharing its declaration) and the input is floating. A cast between
+    floats is the exception: the registry declares cast non-differentiable (it has no derivative
+    case), but a float-to-float cast is the identity on the reals, and a graph's VJP passes
+    through it (the reference takes it as the identity; MLX's astype VJP casts the cotangent
+    back)."""
+    spec = REGISTRY[node.op]
+    floats = [dt.is_float(d) for _, d in node.in_specs]
+    if node.op == "cast":
+        return [floats[0] and dt.is_float(node.outs[0][1])]
+    if not spec.differentiable:
+        return [False] * len(node.inputs)
+    return [f and spec.input_differentiable(spec.inputs[min(k, len(spec.inputs) - 1)])
+            for k, f in enumerate(floats)]
+
+
+def primals(r: Resolved) -> tuple[str, ...]:
+    """The graph inputs a graph VJP case differentiates with respect to: the floating inputs
+    with a differentiable edge into some node (:func:`differentiable_edges`); () where no
+    floating output depends on one through differentiable edges (a graph whose only outputs
+    are discrete gets no VJP case)."""
+    live: set[str] = set()
+    ins: list[str] = []
+    for n in r.nodes:
+        for x, k in zip(n.inputs, differentiable_edges(n)):
+            if k and x in dict(r.inputs) and x not in ins:
+                ins.append(x)
+            if k and (x in live or x in dict(r.inputs)):
+                live.update([n.name] + [f"{n.name}#{j}" for j in range(1, len(n.outs))])
+    env = dict(r.inputs)
+    env.update({nm: o for n in r.nodes for nm, o in
+                zip([n.name] + [f"{n.name}#{j}" for j in range(1, len(n.outs))], n.outs)})
+    if not any(o in live and dt.is_float(env[o][1]) for o in r.outputs):
+        return ()
+    return tuple(i for i, _ in r.inputs if i in ins)
+
+
 def check(graph: Graph) -> Graph:
     """Validate ``graph`` in every dtype and shape set it declares (:func:`resolve`)."""
     if not graph.dtypes or not graph.shapes or not graph.outputs:

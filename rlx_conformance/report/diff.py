@@ -13,6 +13,11 @@ violations or lock lines above their accuracy budget. Fixed cases (bad in BASE a
 or xfail in BASE and passing in NEW), added or removed cases and other outcome changes are
 reported but do not fail.
 
+Layout and graph cases (issue 17) are cases like any other: a regression of one is listed with
+its id, and its entry names its memory layout (``layout``) or its graph (``graph``), as counts()
+counts them (``layout_regressions``, ``graph_regressions``); a group's distribution drift names the
+case with its largest error, whose layout says whether views drove it.
+
 A subset (NEW run with --ops, --dtypes, --device, --mode, --case, --shard or --sample, as its
 ``run.selection`` records, or as its records show where it has none) is compared over the cases
 of its selection only: the baseline's other cases are counted as not run in this subset, never
@@ -26,10 +31,12 @@ from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.report.records import (
     Record,
     Report,
     brief,
+    group_key,
     is_bad,
     key_str,
     measure,
@@ -92,6 +99,13 @@ class Selection:
     sample: int = 1
     recorded: bool = True
     forward: bool = True  # false: the derivatives alone (run --no-forward)
+    # --layouts: "none" holds no layout case (None: not recorded, any); contiguous: False for
+    # --no-contiguous, the layout cases alone
+    layouts: str | None = None
+    contiguous: bool = True
+    # --graphs as recorded (all, none or globs; None: not recorded): which graph cases it holds;
+    # unrecorded, graph cases are held where the op globs are (none given: every graph)
+    graphs: str | None = None
 
     @classmethod
     def of(cls, report: Report) -> Selection:
@@ -102,7 +116,8 @@ class Selection:
             return cls(ops=_tuple(sel.get("ops")), dtypes=_tuple(sel.get("dtypes")),
                        grads=tuple(sel.get("grad") or ()), targets=tuple(targets),
                        cases=_tuple(sel.get("case")), shard=sel.get("shard"), sample=int(sel.get("sample") or 1),
-                       forward=sel.get("forward", True) is not False)
+                       forward=sel.get("forward", True) is not False, layouts=sel.get("layouts"),
+                       contiguous=sel.get("contiguous", True) is not False, graphs=sel.get("graphs"))
         return cls(ops=tuple(sorted({r["op"] for r in report.cases})),
                    dtypes=tuple(sorted({r["dtype"] for r in report.cases})),
                    grads=tuple(sorted({r.get("grad") for r in report.cases} - {None, ""})), targets=tuple(targets),
@@ -114,12 +129,22 @@ class Selection:
         return self.shard is not None or self.sample > 1
 
     def holds(self, rec: Record) -> bool:
-        """Whether ``rec``'s case is inside the selection's ops, dtypes, derivative kinds, targets
-        and ids."""
+        """Whether ``rec``'s case is inside the selection's ops (graphs), dtypes, derivative kinds,
+        layouts, targets and ids."""
+        graph = str(rec.get("op") or "").startswith(GRAPH_PREFIX)
+        if graph and self.graphs is not None:
+            name = rec["op"].removeprefix(GRAPH_PREFIX)
+            pats = [p.strip().removeprefix(GRAPH_PREFIX) for p in self.graphs.split(",") if p.strip()]
+            in_graphs = self.graphs == "all" or (self.graphs != "none"
+                                                 and any(fnmatchcase(name, p) for p in pats))
+        else:
+            in_graphs = self.ops is None or any(fnmatchcase(rec["op"], g) for g in self.ops)
         return ((self.cases is None or rec["id"] in self.cases)
                 and (self.grads is None or not rec.get("grad") or rec["grad"] in self.grads)
                 and (self.forward or bool(rec.get("grad")))
-                and (self.ops is None or any(fnmatchcase(rec["op"], g) for g in self.ops))
+                and (not rec.get("layout") or self.layouts != "none")
+                and (self.contiguous or bool(rec.get("layout")) or graph)
+                and in_graphs
                 and (self.dtypes is None or any(fnmatchcase(rec["dtype"], g) for g in self.dtypes))
                 and (self.targets is None or target(rec) in self.targets))
 
@@ -127,7 +152,8 @@ class Selection:
         return {"ops": _list(self.ops), "dtypes": _list(self.dtypes), "grad": _list(self.grads),
                 "forward": self.forward,
                 "targets": _list(self.targets),
-                "case": _list(self.cases), "shard": self.shard, "sample": self.sample, "recorded": self.recorded}
+                "case": _list(self.cases), "shard": self.shard, "sample": self.sample, "recorded": self.recorded,
+                "layouts": self.layouts, "contiguous": self.contiguous, "graphs": self.graphs}
 
     def describe(self) -> str:
         """One line: what the subset was, e.g. "ops exp, log; dtypes float16; targets mlx-cpu-lazy"."""
@@ -135,6 +161,12 @@ class Selection:
                                                          ("targets", self.targets)) if v]
         if self.grads:  # some derivative kinds (a forward-only run's subset shows in its count)
             parts.append(f"derivatives {', '.join(self.grads)}" + ("" if self.forward else " only"))
+        if self.layouts == "none":
+            parts.append("no layout cases")
+        if not self.contiguous:
+            parts.append("layout cases only")
+        if self.graphs is not None and self.graphs != "all":
+            parts.append("no graphs" if self.graphs == "none" else f"graphs {self.graphs}")
         if self.cases:
             parts.append(f"{len(self.cases)} case id(s)")
         if self.shard:
@@ -196,7 +228,13 @@ class Diff:
                     or self.error_drift or self.excused_drift or self.distribution_drift
                     or self.excused_distribution_drift or self.lock_violations or self.lock_over_budget)
 
+    def case_regressions(self) -> list[dict[str, Any]]:
+        """The case-level entries that make the diff a regression."""
+        return [*self.new_failures, *self.newly_excused, *self.new_excused_by_new_entry, *self.error_drift,
+                *self.excused_drift]
+
     def counts(self) -> dict[str, int]:
+        regressions = self.case_regressions()
         return {"new_failures": len(self.new_failures), "newly_excused": len(self.newly_excused),
                 "new_excused": len(self.new_excused),
                 "new_excused_new_entry": len(self.new_excused_by_new_entry), "fixed": len(self.fixed),
@@ -207,7 +245,10 @@ class Diff:
                 "excused_distribution_drift": len(self.excused_distribution_drift),
                 "lock_violations": self.lock_violations, "lock_over_budget": self.lock_over_budget,
                 "lock_tighter": len(self.lock.tighter) if self.lock is not None else 0,
-                "lock_unlocked": len(self.lock.unlocked) if self.lock is not None else 0}
+                "lock_unlocked": len(self.lock.unlocked) if self.lock is not None else 0,
+                # of the case-level regressions above (a case with two drifting metrics: twice)
+                "layout_regressions": sum(1 for x in regressions if x.get("layout")),
+                "graph_regressions": sum(1 for x in regressions if x.get("graph"))}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "base": self.base, "new": self.new, "thresholds": asdict(self.thresholds),
@@ -221,6 +262,17 @@ class Diff:
                 "removed": self.removed, "lock": None if self.lock is None else self.lock.to_json()}
 
 
+def case_kind(rec: Record) -> dict[str, str]:
+    """What a case is besides an op's contiguous forward case, for a diff entry: its memory
+    layout (``{"layout": "transposed"}``) or its graph (``{"graph": "swiglu"}``); {} for neither."""
+    out = {}
+    if rec.get("layout"):
+        out["layout"] = rec["layout"]
+    if str(rec.get("op") or "").startswith(GRAPH_PREFIX):
+        out["graph"] = rec["op"].removeprefix(GRAPH_PREFIX)
+    return out
+
+
 def _entry(rec: Record) -> str | None:
     """The known divergence a record names (xfail, or a pass inside an entry's scope)."""
     div = rec.get("divergence")
@@ -230,7 +282,7 @@ def _entry(rec: Record) -> str | None:
 def _excused(cid: str, old: Record | None, cur: Record, base_entries: set[str]) -> dict[str, Any]:
     entry = _entry(cur)
     div = cur.get("divergence") or {}
-    return {"id": cid, "base": brief(old), "new": brief(cur), "entry": entry,
+    return {"id": cid, **case_kind(cur), "base": brief(old), "new": brief(cur), "entry": entry,
             "category": div.get("category"), "was": div.get("was"),
             "new_entry": entry is not None and entry not in base_entries}
 
@@ -252,7 +304,7 @@ def compare(base: Report | None, new: Report, thresholds: Thresholds = Threshold
         d.removed = absent
     for cid in d.added:
         if is_bad(n[cid].get("outcome")):
-            d.new_failures.append({"id": cid, "base": None, "new": brief(n[cid])})
+            d.new_failures.append({"id": cid, **case_kind(n[cid]), "base": None, "new": brief(n[cid])})
         elif n[cid].get("outcome") == "xfail":
             d.new_excused.append(_excused(cid, None, n[cid], base_entries))
     common = sorted(set(b) & set(n))
@@ -260,15 +312,15 @@ def compare(base: Report | None, new: Report, thresholds: Thresholds = Threshold
         old, cur = b[cid], n[cid]
         o, c = old.get("outcome"), cur.get("outcome")
         if is_bad(c) and not is_bad(o):
-            d.new_failures.append({"id": cid, "base": brief(old), "new": brief(cur)})
+            d.new_failures.append({"id": cid, **case_kind(cur), "base": brief(old), "new": brief(cur)})
         elif (is_bad(o) and not is_bad(c)) or (o == "xfail" and c == "pass"):
-            d.fixed.append({"id": cid, "base": brief(old), "new": brief(cur)})
+            d.fixed.append({"id": cid, **case_kind(cur), "base": brief(old), "new": brief(cur)})
         elif c == "xfail" and o == "pass":
             d.newly_excused.append(_excused(cid, old, cur, base_entries))
         elif c == "xfail" and o == "skip":  # it did not run in BASE: as a case BASE lacks
             d.new_excused.append(_excused(cid, old, cur, base_entries))
         elif o != c:
-            d.outcome_changes.append({"id": cid, "base": o, "new": c})
+            d.outcome_changes.append({"id": cid, **case_kind(cur), "base": o, "new": c})
         if is_bad(o) and is_bad(c):
             d.still_bad += 1
         if o == c == "pass":
@@ -288,11 +340,13 @@ def compare(base: Report | None, new: Report, thresholds: Thresholds = Threshold
 def _case_drift(cid: str, old: Record, cur: Record, t: Thresholds) -> list[dict[str, Any]]:
     out = []
     ou, nu = measure(old.get("max_ulp")), measure(cur.get("max_ulp"))
+    kind = case_kind(cur)
     if t.grew_ulp(ou, nu):
-        out.append({"id": cid, "metric": "max_ulp", "base": old.get("max_ulp"), "new": cur.get("max_ulp")})
+        out.append({"id": cid, **kind, "metric": "max_ulp", "base": old.get("max_ulp"), "new": cur.get("max_ulp")})
     orl, nrl = measure(old.get("max_rel_err")), measure(cur.get("max_rel_err"))
     if t.grew_rel(orl, nrl, cur.get("dtype", "float64")):
-        out.append({"id": cid, "metric": "max_rel_err", "base": old.get("max_rel_err"), "new": cur.get("max_rel_err")})
+        out.append({"id": cid, **kind, "metric": "max_rel_err", "base": old.get("max_rel_err"),
+                    "new": cur.get("max_rel_err")})
     if out and cur.get("outcome") == "xfail":
         for x in out:
             x["entry"] = _entry(cur)
@@ -307,15 +361,36 @@ def _distribution_drift(base: list[Record], new: list[Record], t: Thresholds,
     their own (``grad`` in the row), never pooled with its forward's."""
     bd, nd = distributions(base), distributions(new)
     out = []
+    keys: list[tuple[str, str, str]] = []  # the drifting groups', in out's order
     for key in sorted(set(bd) & set(nd)):
         be, ne = (bd[key].excused, nd[key].excused) if excused else (bd[key], nd[key])
         metrics = _worse(be, ne, t)
         if metrics:
             op, grad = split_subject(key[0])
+            keys.append(key)
             out.append({"group": key_str(key), "op": op, "grad": grad, "dtype": key[1], "target": key[2],
                         "metrics": metrics, "all_pass": nd[key].bad == 0,
-                        "base": be.to_json(), "new": ne.to_json()})
+                        "base": be.to_json(), "new": ne.to_json(),
+                        "worst": None})
+    if out:  # the case that drove each drifting group
+        by_group: dict[tuple[str, str, str], list[Record]] = {}
+        for r in new:
+            by_group.setdefault(group_key(r), []).append(r)
+        for key, x in zip(keys, out):
+            x["worst"] = _worst_case(by_group.get(key, []), "xfail" if excused else "pass")
     return out
+
+
+def _worst_case(cases: list[Record], outcome: str) -> dict[str, Any] | None:
+    """The case with the largest max ULP among ``outcome``'s of one group's, with its layout or
+    graph (:func:`case_kind`): which case drove a group's drift (a group pools an op's contiguous
+    and layout cases)."""
+    recs = [(u, r) for r in cases if r.get("outcome") == outcome
+            for u in [measure(r.get("max_ulp"))] if u is not None]
+    if not recs:
+        return None
+    u, r = max(recs, key=lambda x: (x[0], x[1]["id"]))
+    return {"id": r["id"], **case_kind(r), "max_ulp": r.get("max_ulp")}
 
 
 def _worse(b: Dist | Errors, n: Dist | Errors, t: Thresholds) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from rlx_conformance.core.results import OUTCOMES, RUN_FAILING, atomic_write_text
+from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.report import plots, stats
 from rlx_conformance.report.diff import Diff
 from rlx_conformance.report.lockfile import LockCheck
@@ -110,10 +111,10 @@ def _cell(recs: list[Record], label: str, href: str | None) -> Cell:
 
 def scoreboard(cases: list[Record], targets: list[str], anchors: dict[GroupKey, str]) -> list[FamilyBoard]:
     """The forward scoreboard: op × dtype per target, families as panels. Derivative records
-    (``grad`` set) are left to :func:`derivative_board`."""
+    (``grad`` set) are left to :func:`derivative_board`, graph records to :func:`graph_board`."""
     groups: dict[GroupKey, list[Record]] = defaultdict(list)
     for r in cases:
-        if not r.get("grad"):
+        if not r.get("grad") and not is_graph_record(r):
             groups[group_key(r)].append(r)
     fam_ops: dict[str, set[str]] = defaultdict(set)
     for op, _, _ in groups:
@@ -163,12 +164,13 @@ class DerivativeRow:
 
 
 def derivative_board(cases: list[Record], targets: list[str], anchors: dict[GroupKey, str]) -> list[DerivativeRow]:
-    """The derivative panel: the records with ``grad`` set (vjp, jvp, hvp), one row per op ×
+    """The derivative panel: the op records with ``grad`` set (vjp, jvp, hvp; a graph's are in
+    :func:`graph_board`), one row per op ×
     derivative kind × dtype, apart from the forward scoreboard. The worst errors are over the
     cases that passed or were excused (a failure's error is its outcome's, as in the statistics)."""
     groups: dict[tuple[str, str, str], list[Record]] = defaultdict(list)
     for r in cases:
-        if r.get("grad"):
+        if r.get("grad") and not is_graph_record(r):
             groups[(r["op"], r["grad"], r["dtype"])].append(r)
     rows = []
     for (op, grad, d), recs in sorted(groups.items(), key=lambda kv: (stats.op_family(kv[0][0]), kv[0][0],
@@ -187,10 +189,10 @@ def derivative_board(cases: list[Record], targets: list[str], anchors: dict[Grou
 
 
 def layout_board(cases: list[Record]) -> dict[str, Any] | None:
-    """The layouts panel (issue 17): forward records per op family × memory layout (contiguous
-    first, then the layouts the run has, by name), each cell the worst outcome of its cases over
+    """The layouts panel (issue 17): forward op records (graphs have their own panel) per op
+    family × memory layout (contiguous first, then the layouts the run has, by name), each cell the worst outcome of its cases over
     every target, the counts on hover; None when the run has no layout case."""
-    fwd = [r for r in cases if not r.get("grad")]
+    fwd = [r for r in cases if not r.get("grad") and not is_graph_record(r)]
     if not any(r.get("layout") for r in fwd):
         return None
     cols = sorted({r.get("layout") or "" for r in fwd})  # "" (contiguous) sorts first
@@ -203,6 +205,126 @@ def layout_board(cases: list[Record]) -> dict[str, Any] | None:
                  else None for lay in cols]
         rows.append({"family": fam, "cells": cells})
     return {"layouts": [lay or "contiguous" for lay in cols], "rows": rows}
+
+
+# Compiled vs lazy vs eager on one device, per graph input (issue 17 item 3), worst last: the
+# modes' outputs bit-identical; different bits, every mode within the graph's propagated bound
+# (passed); different bits and some mode outside it (a mode the others do not explain).
+MODE_AGREEMENT = ("bit-identical", "within-bound", "divergent")
+MAX_GRAPH_REPROS = 5  # repro links per graph row; the failures section lists every bad case
+
+
+def is_graph_record(r: Record) -> bool:
+    """Whether a record is a graph case's (op ``graph:NAME``, generate/graphs.py)."""
+    return str(r.get("op") or "").startswith(GRAPH_PREFIX)
+
+
+@dataclass
+class GraphRow:
+    """One graph (its forward, or one derivative kind of it) in the graphs panel: a cell per
+    target, the counts per outcome over every target, the modes' agreement per device and the
+    run's bit-stability class of its groups, and links to the repro bundles of its bad cases."""
+
+    graph: str  # the name, without "graph:"
+    grad: str  # "" for the forward
+    dtypes: list[str]
+    nodes: int | None  # the graph's node count as its records give it (the largest shape set's)
+    cells: list[Cell | None]  # [target]
+    counts: list[tuple[str, int]]  # (outcome, n), worst first
+    worst: str
+    modes: list[dict[str, Any]]  # per device: {"device", "class", "counts": [(class, n)], "title"}
+    stability: dict[str, Any] | None  # {"class", "title"}: the worst class of its stability groups
+    repros: list[tuple[str, str]]  # (case id, href) of bad cases with a repro bundle
+    bad: int  # bad cases (RUN_FAILING)
+
+
+def mode_agreement(recs: list[Record]) -> dict[str, dict[str, int]]:
+    """Per device (backend-device[-variant]): how many of the graph's inputs (ids without the
+    target) ran in two modes or more with an output, counted by :data:`MODE_AGREEMENT`. Read
+    from the records alone: their output digests and outcomes."""
+    by_input: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in recs:
+        if r.get("output_digest") and r.get("outcome") not in ("skip", "error", "crash", "timeout", "contract"):
+            dev = f"{r['backend']}-{r['device']}" + (f"-{r['variant']}" if r.get("variant") else "")
+            by_input[(dev, r["id"].rsplit("/", 1)[0])].append(r)
+    out: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(MODE_AGREEMENT, 0))
+    for (dev, _), rs in sorted(by_input.items()):
+        if len({r["mode"] for r in rs}) < 2:
+            continue
+        if len({r["output_digest"] for r in rs}) == 1:
+            cls = "bit-identical"
+        elif all(r["outcome"] == "pass" for r in rs):
+            cls = "within-bound"
+        else:
+            cls = "divergent"
+        out[dev][cls] += 1
+    return dict(out)
+
+
+def _stability_of(section: dict | None, subj: str) -> dict[str, Any] | None:
+    """The worst bit-stability class (STABILITY_CLASSES, worst: nondeterministic) over a graph's
+    groups of the run's stability section, the groups that are not bit-stable on hover."""
+    groups = [g for g in (section or {}).get("groups") or [] if g.get("op") == subj]
+    if not groups:
+        return None
+    rank = ("nondeterministic", "mode-dependent", "unknown", "bit-stable")
+    cls = min((g.get("class") for g in groups), key=lambda c: rank.index(c) if c in rank else -1)
+    odd = [f"{g.get('dtype')} {g.get('device')} {g.get('mode')}: {g.get('class')}"
+           + (f" (differs from {', '.join(g['differs_from'])})" if g.get("differs_from") else "")
+           for g in groups if g.get("class") != "bit-stable"]
+    return {"class": cls, "title": "; ".join(odd) or f"{len(groups)} groups bit-stable"}
+
+
+def graph_board(cases: list[Record], targets: list[str], anchors: dict[GroupKey, str],
+                stability: dict | None = None, report_dir: Path | None = None,
+                out_dir: Path | None = None) -> list[GraphRow]:
+    """The graphs panel (issue 17): one row per graph and derivative kind (the forward first), a
+    cell per target (the worst outcome of its cases over every dtype, linked to its first bad
+    case or its known divergence), the compiled vs lazy vs eager agreement per device
+    (:func:`mode_agreement`), the class ``stability`` (results.json's section) gives its groups,
+    and the repro bundles of its bad cases (``report_dir``: where results.json is; ``out_dir``:
+    where the HTML goes, the links are relative to it)."""
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in cases:
+        if is_graph_record(r):
+            groups[(r["op"], r.get("grad") or "")].append(r)
+    rows = []
+    for (op, grad), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "", kv[0][1])):
+        subj = f"{op}:{grad}" if grad else op
+        dtypes = sorted({r["dtype"] for r in recs}, key=_dtype_sort)
+        by_t: dict[str, list[Record]] = defaultdict(list)
+        for r in recs:
+            by_t[target(r)].append(r)
+        cells = []
+        for t in targets:
+            if not by_t.get(t):
+                cells.append(None)
+                continue
+            href = next((anchors[(subj, d, t)] for d in dtypes if (subj, d, t) in anchors), None)
+            cells.append(_cell(by_t[t], f"{subj} · {t}", href))
+        c = Counter(r["outcome"] for r in recs)
+        modes = []
+        for dev, n in sorted(mode_agreement(recs).items()):
+            worst_cls = next((k for k in reversed(MODE_AGREEMENT) if n[k]), None)
+            if worst_cls is None:
+                continue
+            modes.append({"device": dev, "class": worst_cls, "counts": [(k, n[k]) for k in MODE_AGREEMENT if n[k]],
+                          "title": f"{dev}: " + ", ".join(f"{n[k]} input(s) {k}" for k in MODE_AGREEMENT if n[k])})
+        bad = sorted((r for r in recs if is_bad(r.get("outcome"))), key=lambda r: r["id"])
+        repros = []
+        if report_dir is not None and out_dir is not None:
+            for r in bad:
+                href = _repro_href(report_dir, out_dir, r)
+                if href:
+                    repros.append((r["id"], href))
+                if len(repros) == MAX_GRAPH_REPROS:
+                    break
+        nodes = [int((r.get("graph") or {}).get("nodes")) for r in recs
+                 if isinstance(r.get("graph"), dict) and (r.get("graph") or {}).get("nodes") is not None]
+        rows.append(GraphRow(op.removeprefix(GRAPH_PREFIX), grad, dtypes, max(nodes) if nodes else None, cells,
+                             sorted(c.items(), key=_severity), worst(c), modes, _stability_of(stability, subj),
+                             repros, len(bad)))
+    return rows
 
 
 def _top(recs: list[Record], key: str) -> float | None:
@@ -517,6 +639,8 @@ def context(report: Report, *, diff: Diff | None = None, lock: LockCheck | None 
         "per_target": {t: [(o, c[o]) for o in OUTCOMES if c.get(o)] for t, c in per_target.items()},
         "boards": scoreboard(cases, targets, anchors), "dtype_short": DTYPE_SHORT,
         "derivatives": derivative_board(cases, targets, anchors), "layouts": layout_board(cases),
+        "graphs": graph_board(cases, targets, anchors, report.stability, report.dir, out_dir),
+        "mode_agreement": MODE_AGREEMENT,
         "failures": fail_groups, "failures_more": fail_more, "divergences": div,
         "stats": stats_tables(cases, drifted, excused_drifted), "diff": diff, "lock": lock,
         "diff_counts": diff.counts() if diff is not None else None, "max_list": MAX_LIST,

@@ -1,8 +1,12 @@
 """JUnit XML from case records, for CI systems that show test results: one <testsuite> per target,
 one <testcase> per case (classname = op, or "op:KIND" for a derivative case, as
-judge.stability.subject names it, e.g. "exp:vjp"; name = case id), outcomes mapped as pytest's junitxml
-maps them (fail/xpass → failure, error/crash/timeout → error, skip and xfail → skipped), and the
-measured errors as properties, so a CI test view shows the numbers without opening results.json."""
+judge.stability.subject names it, e.g. "exp:vjp"; a graph case's op is "graph:NAME"; a layout
+case's classname adds its id segment, "exp/layout:transposed", so a CI view groups a layout's cases
+apart from the contiguous ones; name = case id), outcomes mapped as pytest's junitxml
+maps them (fail/xpass → failure, error/crash/timeout → error, skip and xfail → skipped; not-run, a
+case the runner stopped after its kernel's consecutive crashes or timeouts, → skipped too), and the
+measured errors as properties (a layout case's layout, a graph case's graph name and node count
+too), so a CI test view shows the numbers without opening results.json."""
 from __future__ import annotations
 
 import re
@@ -11,12 +15,13 @@ from collections import defaultdict
 from pathlib import Path
 
 from rlx_conformance.core.results import atomic_write_text
+from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.report.records import Record, subject, target
 
 FAILURE = ("fail", "xpass")
 ERROR = ("error", "crash", "timeout")
-SKIPPED = ("skip", "xfail")
-PROPERTIES = ("outcome", "grad", "kernel", "max_abs_err", "max_rel_err", "max_ulp", "stream",
+SKIPPED = ("skip", "xfail", "not-run")
+PROPERTIES = ("outcome", "grad", "layout", "kernel", "max_abs_err", "max_rel_err", "max_ulp", "stream",
               "oracle_ulp_ref", "oracle_ulp_target", "over_budget")
 
 
@@ -33,12 +38,24 @@ def _first_line(msg: str) -> str:
     return lines[0][:500] if lines else ""
 
 
+def classname(rec: Record) -> str:
+    """The testcase's classname: the record's subject ("exp", "exp:vjp", "graph:swiglu"), and a
+    layout case's layout as its id spells it ("exp/layout:transposed")."""
+    return subject(rec) + (f"/layout:{rec['layout']}" if rec.get("layout") else "")
+
+
 def _testcase(rec: Record) -> ET.Element:
-    tc = ET.Element("testcase", classname=subject(rec), name=rec["id"], time=f"{float(rec.get('duration_s') or 0):.6f}")
+    tc = ET.Element("testcase", classname=classname(rec), name=rec["id"],
+                    time=f"{float(rec.get('duration_s') or 0):.6f}")
     props = ET.SubElement(tc, "properties")
     for k in PROPERTIES:
         if rec.get(k) not in (None, ""):
             ET.SubElement(props, "property", name=k, value=_xml_text(str(rec[k])))
+    if str(rec.get("op") or "").startswith(GRAPH_PREFIX):
+        ET.SubElement(props, "property", name="graph", value=rec["op"].removeprefix(GRAPH_PREFIX))
+        nodes = (rec.get("graph") or {}).get("nodes") if isinstance(rec.get("graph"), dict) else None
+        if nodes is not None:
+            ET.SubElement(props, "property", name="graph_nodes", value=str(nodes))
     tol = rec.get("tolerance") or {}
     if tol.get("source"):
         ET.SubElement(props, "property", name="tolerance", value=str(tol["source"]))
@@ -49,8 +66,8 @@ def _testcase(rec: Record) -> ET.Element:
         ET.SubElement(tc, "error", type=o, message=_first_line(msg)).text = msg
     elif o == "xfail":
         ET.SubElement(tc, "skipped", type="xfail", message=_first_line(msg))
-    elif o == "skip":
-        ET.SubElement(tc, "skipped", type="skip", message=_first_line(msg))
+    elif o in SKIPPED:  # skip, not-run
+        ET.SubElement(tc, "skipped", type=o, message=_first_line(msg))
     return tc
 
 

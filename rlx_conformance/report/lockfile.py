@@ -61,6 +61,10 @@ HEADER = """\
 # line leaves out is not checked. A line may carry `reason = "why looser"`.
 # A derivative's groups are keyed by op:KIND ("tanh:vjp/float32/mlx-cpu", KIND vjp, jvp or
 # hvp): their errors are against the reference derivative, locked apart from the forward's.
+# A graph case's groups are keyed by graph:NAME ("graph:swiglu/float32/mlx-cpu", issue 17): its
+# errors are against the float64 composition of the reference kernels, judged by the bound
+# propagated node by node (tolerance source graph:first-order-propagation), no accuracy budget.
+# A layout case (inputs as views) is in its op's group: a view must not cost accuracy.
 #
 # No line holds a group above its accuracy budget (cases/accuracy.toml): where the precise
 # oracle judged the group's cases, one passing case over budget; else, for a budget in ULP

@@ -15,7 +15,7 @@ from rlx_conformance.report.stats import Worst
 # One palette for the scoreboard and the plots (the template's CSS uses the same values).
 OUTCOME_COLORS = {"pass": "#2da44e", "xfail": "#d4a72c", "skip": "#afb8c1", "xpass": "#8250df",
                   "fail": "#cf222e", "error": "#e16f24", "contract": "#953800", "crash": "#82071e",
-                  "timeout": "#bf3989"}
+                  "timeout": "#bf3989", "not-run": "#6e7781"}
 UNKNOWN_COLOR = "#24292f"
 _SHADES = ("#9ecbff", "#79b8ff", "#54a3ff", "#2188ff", "#0366d6", "#005cc5", "#044289", "#032f62",
            "#05264c", "#041c3a", "#03152b", "#000000")  # an outcome this version does not know (a newer harness's results)

@@ -15,6 +15,7 @@ from rlx_conformance.core.errors import RlxError
 # merges and resumes reports, need not import the report layer; re-exported here for the sinks.
 from rlx_conformance.core.results import Record, Report, results_path  # noqa: F401
 from rlx_conformance.core.results import load_report as load  # noqa: F401
+from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.judge.stability import subject
 
 # (op, dtype, target): the unit of the scoreboard, the error statistics and the tolerance lock;
@@ -25,7 +26,7 @@ GroupKey = tuple[str, str, str]
 
 # Severity, worst first: a scoreboard cell shows the worst outcome among its cases. skip ranks
 # below pass so that a cell of passes and skips reads as passing.
-SEVERITY = ("crash", "timeout", "contract", "error", "fail", "xpass", "xfail", "pass", "skip")
+SEVERITY = ("crash", "timeout", "not-run", "contract", "error", "fail", "xpass", "xfail", "pass", "skip")
 
 
 def summarize(cases: list[Record]) -> dict[str, int]:
@@ -71,9 +72,12 @@ def group_key(rec: Record) -> GroupKey:
 
 
 def split_subject(s: str) -> tuple[str, str]:
-    """(op, derivative kind) of a group's subject: ("exp", "") or ("exp", "vjp")."""
-    op, _, grad = s.partition(":")
-    return op, grad
+    """(op, derivative kind) of a group's subject: ("exp", "") or ("exp", "vjp"). A graph case's
+    op has a colon of its own: ("graph:swiglu", "") of "graph:swiglu", ("graph:swiglu", "vjp") of
+    "graph:swiglu:vjp"."""
+    head = GRAPH_PREFIX if s.startswith(GRAPH_PREFIX) else ""
+    op, _, grad = s.removeprefix(head).partition(":")
+    return head + op, grad
 
 
 def key_str(key: GroupKey) -> str:

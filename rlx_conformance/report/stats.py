@@ -19,6 +19,7 @@ from typing import Any
 
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.ops import get_op
+from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.report.records import (
     GroupKey,
     Record,
@@ -125,8 +126,11 @@ def distributions(cases: Iterable[Record]) -> dict[GroupKey, Dist]:
 def op_family(op: str) -> str:
     """The op's family from the registry (the case records hold only the shape family); an op
     this checkout does not know (a results.json from a newer harness) goes under "other". A
-    derivative subject ("exp:vjp") is of its op's family."""
+    derivative subject ("exp:vjp") is of its op's family; a graph case ("graph:NAME", issue 17)
+    of the family "graph"."""
     op = split_subject(op)[0]
+    if op.startswith(GRAPH_PREFIX):
+        return "graph"
     try:
         return get_op(op).family
     except (KeyError, RlxError):

@@ -47,7 +47,7 @@ from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, case_layouts, make_inputs
-from rlx_conformance.judge.bounds.derivative import derivative_bound, roundings_for
+from rlx_conformance.judge.bounds.derivative import roundings_for
 from rlx_conformance.judge.compare import BIT_EXACT_TOLERANCE, Bound
 from rlx_conformance.judge.tolerances import default_tolerance, tolerance_for
 from rlx_conformance.ops.graphs import to_toml
@@ -318,7 +318,7 @@ def derivative_plan(case: Case, results: list[int]) -> tuple[dict[str, Any], dic
     for j, k in enumerate(results):
         d, m, skip = ref.dtypes[k], ref.magnitude[k], ref.undefined[k]
         if m is not None:
-            aux[f"bound{j}"] = np.asarray(derivative_bound(case.op, d, m, ref.terms), np.float64)
+            aux[f"bound{j}"] = np.asarray(derivatives.result_bound(case, ref, k), np.float64)
         if skip is not None:
             aux[f"skip{j}"] = np.broadcast_to(np.asarray(skip, bool), ref.expected[k].shape)
         outputs.append({"name": f"{case.grad} {what} {k}", "exact": False, "signed_zero": False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,30 +28,40 @@ from rlx_conformance.judge.compare import (
 from rlx_conformance.judge.positions import source
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import tolerance_for
-from rlx_conformance.run import derivatives, graphs
+from rlx_conformance.run import derivatives, graph_grad, graphs
 
 
 class _RefCache:
     """Inputs and reference outputs of the last few values ids (Case.values_id: cases of one id
-    differ only in target, or in a layout that leaves the values alone, and run back to back)."""
+    differ only in target, or in a layout that leaves the values alone, and run back to back),
+    and the seconds the reference took (:meth:`seconds`: the runner scales a kernel's time
+    limit from it)."""
 
     def __init__(self, size: int = 4):
         self.size = size
         self._d: OrderedDict[str, tuple[list[np.ndarray], Any]] = OrderedDict()
+        self._s: dict[str, float] = {}
 
     def get(self, case: Case) -> tuple[list[np.ndarray], Any]:
         hit = self._d.get(case.values_id)
         if hit is not None:
             return hit
         inputs = make_inputs(case)
+        t0 = time.perf_counter()
         try:
             ref: Any = get_backend("cpu").run(case.op, [x.copy() for x in inputs], case.attr_dict)
         except Exception as e:  # noqa: BLE001 — recorded as the case's error
             ref = e
+        self._s[case.values_id] = time.perf_counter() - t0
         self._d[case.values_id] = (inputs, ref)
         if len(self._d) > self.size:
-            self._d.popitem(last=False)
+            gone, _ = self._d.popitem(last=False)
+            self._s.pop(gone, None)
         return inputs, ref
+
+    def seconds(self, case: Case) -> float:
+        """How long the reference of ``case``'s values took (0 when not computed here)."""
+        return self._s.get(case.values_id, 0.0)
 
 
 REF_CACHE = _RefCache()
@@ -205,13 +216,19 @@ def layout_kw(case: Case, inputs: list[np.ndarray]) -> dict[str, Any]:
     return {"layout": case_layouts(case, inputs)} if case.layout else {}
 
 
-def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
+Phase = Callable[..., None]  # on_phase("kernel", reference seconds) / on_phase("judge")
+
+
+def run_case(case: Case, capture: dict[str, Any] | None = None, on_phase: Phase | None = None) -> CaseResult:
     """``capture``: filled with the arrays of the case (inputs, expected, actual as far as they
-    came), for the repro bundle of a failing case (bundle.py)."""
+    came), for the repro bundle of a failing case (bundle.py). ``on_phase``: told when the
+    target's kernel is called (``"kernel"``, with the seconds the reference took) and when it
+    returned (``"judge"``): the runner gives the kernel call a limit scaled from the reference's
+    time and the harness's own work (inputs, reference, judging) the generous one."""
+    if is_graph(case):  # a graph of ops (issue 17): composed reference, propagated bound; its VJP
+        return (graph_grad.run if case.grad else graphs.run)(case, capture)
     if case.grad:  # a derivative of the op: its own reference, transform and judge
         return derivatives.run(case, capture)
-    if is_graph(case):  # a graph of ops (issue 17): composed reference, propagated bound
-        return graphs.run(case, capture)
     t0 = time.perf_counter()
     inputs, ref = REF_CACHE.get(case)
     if capture is not None:
@@ -227,6 +244,8 @@ def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
         stream = backend.stream_for(entry, [d for d in case.spec.case_dtypes(case.dtype, len(inputs))], tg.device)
         if stream != tg.device:
             kw["stream"] = stream
+    if on_phase is not None:
+        on_phase("kernel", REF_CACHE.seconds(case))
     t1 = time.perf_counter()
     try:
         out = backend.run(case.op, [x.copy() for x in inputs], case.attr_dict, tg.device, tg.mode,
@@ -248,6 +267,9 @@ def run_case(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
         # outcome, never a numeric mismatch or a generic error.
         outcome = "contract" if isinstance(e, KernelContractError) else "error"
         return CaseResult.for_case(case, outcome, duration_s=dur, message=detail.strip(), **kw)
+    finally:
+        if on_phase is not None:
+            on_phase("judge")
     kw["output_digest"] = output_digest(out)  # bit-stability across repeats and modes
     try:
         v = verdict(case, inputs, ref, out, ftz=backend.flushes_subnormals(tg.device))

@@ -52,7 +52,12 @@ SHRINK_SECONDS = 60.0
 
 
 def shrunk_for_bundle(case: Case) -> tuple[Shrunk | None, str]:
-    """The case's graph shrunk on its target, or (None, why not) where it does not fail here."""
+    """The case's graph shrunk on its target, or (None, why not) where it does not fail here.
+    A graph VJP case (``grad:vjp``) is not shrunk: the shrinker and repro.py reduce and rebuild
+    the forward graph only, so its bundle says so and holds the whole forward graph."""
+    if case.grad:
+        return None, ("not shrunk: graph VJP cases (grad:vjp) have no shrinker or VJP repro.py yet; "
+                      "this bundle holds the forward graph of the case, not its VJP")
     try:
         return shrink(get_graph(case.op), case.dtype, case.family, case.target, vals=case.vals,
                       max_evaluations=SHRINK_EVALUATIONS, time_budget=SHRINK_SECONDS), ""

@@ -15,6 +15,7 @@ import numpy as np
 
 from rlx_conformance.backends import get_backend
 from rlx_conformance.backends.base import differentiable_arrays
+from rlx_conformance.backends.cpu._grad import SAVED_TERMS
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
 from rlx_conformance.core.results import CaseResult
@@ -52,6 +53,27 @@ def _wide(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) if dt.is_float(dt.name_of(x.dtype)) else x
 
 
+def jacobian_product(op: str, kind: str, xs: list[np.ndarray], attrs: dict[str, Any],
+                     seeds: list[np.ndarray | None]) -> list[np.ndarray | None]:
+    """|J| e (kind jvp, seeds the tangents e) or |J|ᵀ E (vjp, seeds the cotangents E) at ``xs``:
+    the CPU backend's derivative magnitude (DerivativeRule.magnitude) less the part of it that is
+    not the Jacobian's product with the seeds, the sensitivity to the rounding of the forward
+    values a derivative is computed from (backends/cpu/_grad.SAVED_TERMS), which the derivative
+    judge multiplies by u and which is no propagation of an input's error (attention's is ~1e2
+    where |J| e is ~1e-5). UnsupportedError where the op declares no magnitude and the dense
+    Jacobian is too large."""
+    mags, _ = get_backend("cpu").run_magnitude(op, kind, xs, attrs, seeds)
+    saved = SAVED_TERMS.get(op)
+    if saved is None:
+        return list(mags)
+    with np.errstate(all="ignore"):
+        extra = saved([np.asarray(x, np.float64) if dt.is_float(dt.name_of(np.asarray(x).dtype)) else x
+                       for x in xs], attrs, kind,
+                      [None if t is None else np.asarray(t, np.float64) for t in seeds])
+        return [None if m is None else m if x is None else np.maximum(np.asarray(m) - np.asarray(x), 0.0)
+                for m, x in zip(mags, extra)]
+
+
 def _magnitude(node: RNode, xs: list[np.ndarray], errs: list[np.ndarray | None]) -> list[np.ndarray | None]:
     """|J(x)|·e per output (the CPU backend's JVP magnitude). Where the op's smoothness radius
     is below the error (a kink within reach), the larger of the magnitudes at x, x + e, x - e;
@@ -61,7 +83,7 @@ def _magnitude(node: RNode, xs: list[np.ndarray], errs: list[np.ndarray | None])
     diff = differentiable_arrays(spec, len(xs))
     tans = [np.asarray(e, np.float64) if d and e is not None else (np.zeros(np.shape(x)) if d else None)
             for x, e, d in zip(xs, errs, diff)]
-    mags, _ = cpu.run_magnitude(node.op, "jvp", xs, node.attrs, tans)
+    mags = jacobian_product(node.op, "jvp", xs, node.attrs, tans)
     rule = cpu.derivatives.get(node.op)
     if rule is not None and rule.radius is not None:
         rad = rule.radius(xs, node.attrs)
@@ -70,7 +92,7 @@ def _magnitude(node: RNode, xs: list[np.ndarray], errs: list[np.ndarray | None])
         if near:
             for sign in (1.0, -1.0):
                 moved = [np.asarray(x + sign * t) if t is not None else x for x, t in zip(xs, tans)]
-                other, _ = cpu.run_magnitude(node.op, "jvp", moved, node.attrs, tans)
+                other = jacobian_product(node.op, "jvp", moved, node.attrs, tans)
                 mags = [None if m is None else np.maximum(m, o) for m, o in zip(mags, other)]
     if spec.family == "activation" and len(xs) == 1 and tans[0] is not None and mags[0] is not None:
         # curvature: |J(x)| e is first order; where e is not small on the scale over which f

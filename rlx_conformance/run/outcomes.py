@@ -26,8 +26,10 @@ def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
     (and its measured error is within the entry's caps); a failure it does not excuse stays a
     failure, its message naming the entry and why. A pass inside a scope stays a pass but carries
     the entry, so that :func:`finalize` can tell when an entry has gone stale."""
-    if r.outcome == "skip" or r.oracle_verdict == "reference-bug":
-        return r  # a reference bug (accuracy.py) is the harness's, never a backend's known divergence
+    if r.outcome in ("skip", "not-run") or r.oracle_verdict == "reference-bug":
+        # a reference bug (accuracy.py) is the harness's, never a backend's known divergence; a
+        # case not run (runner.py: its kernel was stopped) measured nothing an entry could excuse
+        return r
     bad = r.outcome in ("fail", "error", "contract", "crash", "timeout")
     d = known_divergence(case, r if bad else None)
     if d is None:

@@ -3,8 +3,24 @@
 A kernel may kill its process (a signal from native code) or hang; neither may end the run or
 lose results. Each worker runs a task (a few cases sharing inputs) and reports each result as it
 finishes; when a worker dies, the first unreported case of its task is recorded as ``crash``, when
-it is silent past the timeout it is killed and the case recorded as ``timeout``; the rest of the
+it is silent past its limit it is killed and the case recorded as ``timeout``; the rest of the
 task goes back on the queue and a fresh worker takes over. The worker loop itself is worker.py's.
+
+Hangs and crashes fail fast (issue 18):
+
+* **Limits.** The harness's own work on a case (inputs, reference, judging) may take up to
+  ``timeout`` (--timeout); the kernel call alone (the worker marks when it starts on a board in
+  shared memory: execute.run_case's phases) gets :func:`kernel_limit`, the larger of a per-device floor and 20x the reference's own
+  time, plus an allowance for a compiled target's first JIT compile, never more than ``timeout``.
+  Derivative and graph cases do not report their phases and keep ``timeout``.
+* **Retry only when ambiguous.** A timeout right after cases of the same kernel came back (a load
+  spike, a slow compile) is retried once, in a fresh worker, under the full ``timeout``, after the
+  rest of the queue; a timeout that follows another crash or timeout of that kernel is not.
+* **Stop.** After ``max_failures`` consecutive crashes or timeouts (not excused by a known
+  divergence) of one kernel (an op on a target), its remaining cases are not run: each reports
+  ``not-run`` with the reason, and the run fails.
+* **Poisoned workers.** A worker whose case left an error of :data:`worker.POISON` (a lost CUDA
+  context) is replaced before it runs another case; the rest of its task goes to a fresh worker.
 """
 from __future__ import annotations
 
@@ -20,7 +36,7 @@ from typing import Any
 
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core.results import CaseResult
-from rlx_conformance.generate.matrix import Case
+from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge.divergences import known_divergence
 from rlx_conformance.run import worker
 from rlx_conformance.run.bundle import BundleSink
@@ -28,6 +44,48 @@ from rlx_conformance.run.execute import run_case
 from rlx_conformance.run.outcomes import apply_divergence
 
 DEFAULT_TIMEOUT = 60.0  # generous: MLX's CPU compile mode JIT-compiles C++ on first use
+# The kernel call's floor per device (--timeout-floor overrides). CPU: MLX's compiled mode
+# JIT-compiles each new fused graph with g++, 1-2 s each (README, Speed; 0.9 s measured on the
+# 2-core machine under load 3.4), a few per case at most: 10 s. GPU: CUDA JIT-compiling a
+# derivative graph has taken up to 50 s a case on an H200 (README, MLX on a GPU): the old 60 s.
+KERNEL_FLOOR = {"cpu": 10.0, "gpu": 60.0}
+# A kernel may be this many times slower than the float64 reference: MLX's CPU kernels measured
+# up to 7.2x slower than the reference (README's custom-op table: ScatterElements 1884 ms against
+# 261 ms), with room for a loaded machine.
+REFERENCE_FACTOR = 20.0
+# Added for a compiled target's first cases of an (op, dtype) until one comes back (its JIT
+# compile lands in MLX's on-disk cache, which every later worker reads): a few more g++ runs.
+JIT_ALLOWANCE = {"cpu": 5.0}
+# Consecutive crashes or timeouts of one kernel that stop its remaining cases (0: never). Each
+# timeout costs a kernel limit, so 3 bounds a kernel that hangs on everything to about two limits
+# with two workers; a kernel that crashes on one shape only rarely fails 3 cases in a row.
+DEFAULT_MAX_FAILURES = 3
+# A worker's phase board, shared memory the parent reads when it wakes (no message per case: two
+# more pipe messages per case cut a 1,448-case lazy run from 370-550 to 245-305 cases/s):
+# [phase (0 none, 1 kernel called, 2 kernel returned), case index, time.monotonic() of the call
+# (CLOCK_MONOTONIC: one clock for every process), the reference's seconds].
+KERNEL, RETURNED = 1.0, 2.0
+POLL = 0.5  # seconds between the parent's looks at the boards while no worker answers (< any floor)
+NOT_RUN = "not-run"
+RECYCLED = (" [the worker process was replaced after this case: '{why}' means a lost CUDA context, "
+            "which every later call in that process inherits]")
+
+
+def kernel_limit(target: Target, ref_s: float, ceiling: float, floor: float | None = None,
+                 first_compile: bool = False) -> float:
+    """Seconds a kernel call on ``target`` may take: max(floor, REFERENCE_FACTOR x the reference's
+    ``ref_s``), plus JIT_ALLOWANCE for a compiled target's ``first_compile``, at most ``ceiling``.
+    ``floor`` None: KERNEL_FLOOR of the target's device (the ceiling for a device it lacks)."""
+    dev = target.device
+    base = max(KERNEL_FLOOR.get(dev, ceiling) if floor is None else floor, REFERENCE_FACTOR * ref_s)
+    if first_compile and target.mode == "compiled":
+        base += JIT_ALLOWANCE.get(dev, 0.0)
+    return min(ceiling, base)
+
+
+def kernel_key(case: Case) -> tuple[str, str]:
+    """The unit the runner stops: an op on a target (its variant included)."""
+    return case.op, str(case.target)
 
 
 def _variant_groups(cases: Sequence[Case]) -> list[tuple[dict[str, str], list[Case]]]:
@@ -47,18 +105,36 @@ def _quiet() -> None:
     warnings.simplefilter("ignore")
 
 
-def _run_task(bundles: BundleSink | None, task: list[Case], send: Callable[[Any], None]) -> None:
+def _phase(board, i: int, kind: str, ref_s: float | None = None) -> None:
+    """execute.run_case's on_phase: the kernel of case ``i`` is called now, or has returned."""
+    if kind == "kernel":
+        board[0] = 0.0
+        board[1], board[2], board[3] = float(i), time.monotonic(), ref_s or 0.0
+        board[0] = KERNEL
+    else:
+        board[0] = RETURNED
+
+
+def _run_task(bundles: BundleSink | None, board, task: list[Case], send: Callable[[Any], None]) -> None:
     """The runner's task function (worker.serve applies it to each task in a worker): run each
-    case, send (index, result) as each finishes, and write the bundles of the failing ones."""
+    case, mark its phases on ``board`` (when its kernel is called and returns), send (index,
+    result) as each finishes, and write the bundles of the failing ones. After a result that
+    names a lost CUDA context (worker.poisoned) the worker is replaced: nothing more runs in
+    this process."""
     for i, case in enumerate(task):
         capture: dict | None = {} if bundles is not None else None  # the arrays, for a repro bundle
         try:
-            r = run_case(case, capture)
+            r = run_case(case, capture, on_phase=functools.partial(_phase, board, i))
         except Exception as e:  # noqa: BLE001 — never let a harness bug take the worker down
             r = CaseResult.for_case(case, "error", message=f"harness error: {type(e).__name__}: {e}")
+        why = worker.poisoned(r.message)
+        if why:
+            r.message += RECYCLED.format(why=why)
         if bundles is not None:
             bundles.collect(case, r, capture)
         send((i, r))
+        if why:
+            raise worker.Poisoned(f"{case.id}: {why}")
 
 
 @dataclass
@@ -67,18 +143,28 @@ class _Worker(worker.Worker):
 
     task: list[Case] = field(default_factory=list)
     next: int = 0
-    deadline: float = float("inf")
+    deadline: float = float("inf")  # the whole case's
+    board: Any = None  # the worker's phase board (shared memory: _phase)
     seen: set[str] = field(default_factory=set)  # the first case ids of the tasks it ran
+    limit: float = 0.0  # the seconds the deadline allowed, for a timeout's message
+    why: str = ""  # what the limit is (the case, or its kernel call), for that message
+    known_hang: float | None = None  # a known divergence's timeout for the current case
 
 
 class Runner:
-    """Process pool with crash and timeout isolation. ``workers=0`` runs in-process (no isolation)."""
+    """Process pool with crash and timeout isolation. ``workers=0`` runs in-process (no isolation).
+    ``timeout``: the most seconds a case may take; ``floor``: the kernel call's floor (None: per
+    device, KERNEL_FLOOR); ``max_failures``: consecutive crashes or timeouts of one kernel that
+    stop its remaining cases (0: never); see the module docstring."""
 
     def __init__(self, workers: int | None = None, timeout: float = DEFAULT_TIMEOUT,
                  task_size: int = 24, env: dict[str, str] | None = None, init: str | None = None,
-                 bundles: BundleSink | None = None):
+                 bundles: BundleSink | None = None, floor: float | None = None,
+                 max_failures: int = DEFAULT_MAX_FAILURES):
         self.workers = os.cpu_count() or 1 if workers is None else workers
         self.timeout = timeout
+        self.floor = floor
+        self.max_failures = max_failures
         self.task_size = task_size
         self.env = env or {}
         self.init = init
@@ -86,7 +172,13 @@ class Runner:
         # timeout, from regenerated inputs and reference (in a child process: bundle.py)
         self.bundles = bundles
         self._retried: set[tuple[str, int]] = set()
+        self._deferred: dict[tuple[str, int], CaseResult] = {}  # first timeouts whose retry is queued
+        self._streak: dict[tuple[str, str], list[str]] = {}  # per kernel: its consecutive crash/timeout
+        self._stopped: dict[tuple[str, str], str] = {}  # per kernel: why its remaining cases do not run
+        self._purge = False  # the queue may hold cases of a stopped kernel
+        self._compiled: set[tuple[str, str, str]] = set()  # (op, dtype, target)s that came back once
         self.same_worker_repeats = 0  # --repeat tasks that had to run in a worker that ran them before
+        self.recycled = 0  # workers replaced after a lost CUDA context (worker.poisoned)
         self._split = False  # already one environment's share of a run (see run)
         self._ctx = worker.context()
 
@@ -125,9 +217,10 @@ class Runner:
         return tasks
 
     def _spawn(self) -> _Worker:
-        w = worker.start(self._ctx, functools.partial(_run_task, self.bundles), setup=_quiet, env=self.env,
-                         init=self.init, hint="run with --workers 0 to see the error")
-        return _Worker(w.proc, w.conn)
+        board = self._ctx.Array("d", 4, lock=False)  # the worker's phase board (_phase)
+        w = worker.start(self._ctx, functools.partial(_run_task, self.bundles, board), setup=_quiet,
+                         env=self.env, init=self.init, hint="run with --workers 0 to see the error")
+        return _Worker(w.proc, w.conn, board=board)
 
     def run(self, cases: Iterable[Case]) -> Iterator[CaseResult]:
         cases = list(cases)
@@ -137,10 +230,11 @@ class Runner:
             # process): one pool of workers per environment, one after the other.
             for genv, group in groups:
                 sub = Runner(self.workers, self.timeout, self.task_size, {**self.env, **genv}, self.init,
-                             bundles=self.bundles)
+                             bundles=self.bundles, floor=self.floor, max_failures=self.max_failures)
                 sub._split = True
                 yield from sub.run(group)
                 self.same_worker_repeats += sub.same_worker_repeats
+                self.recycled += sub.recycled
             return
         if self.workers == 0:
             worker.run_init(self.init)
@@ -161,15 +255,20 @@ class Runner:
                 while idle and tasks:
                     w = idle.pop()
                     w.task, w.next = self._pick(tasks, w, len(pool)), 0
-                    w.deadline = time.monotonic() + self._timeout(w.task[0])
+                    w.board[0] = 0.0  # the last task's phase says nothing about this one
+                    self._arm(w)
                     w.send(w.task)
                 busy = [w for w in pool if w.task]
-                timeout = max(0.0, min(w.deadline for w in busy) - time.monotonic())
-                ready = worker.wait_any(busy, timeout)
+                if not busy:
+                    continue
+                # a kernel call's deadline shows only on its worker's board: looked at every POLL
+                timeout = max(0.0, min(self._deadline(w) for w in busy) - time.monotonic())
+                ready = worker.wait_any(busy, min(POLL, timeout))
                 for w in busy:
                     answers, dead = w.answers(ready)
-                    for i, res in answers:
-                        if i == worker.DONE:
+                    recycle = None
+                    for tag, payload in answers:
+                        if tag == worker.DONE:
                             if any(self._isolated(c) for c in w.task):
                                 self._retire(w, pool)
                                 w = self._spawn()
@@ -177,14 +276,132 @@ class Runner:
                             w.task = []
                             idle.append(w)
                             break
-                        w.next = i + 1
+                        if tag == worker.RECYCLE:
+                            recycle = payload
+                            break
+                        w.next = tag + 1
                         if w.next < len(w.task):
-                            w.deadline = time.monotonic() + self._timeout(w.task[w.next])
-                        yield apply_divergence(w.task[i], res)
-                    if w.task and (dead or time.monotonic() > w.deadline):
+                            self._arm(w)
+                        yield from self._settle(w.task[tag], payload)
+                    if recycle is not None:
+                        self._recycle(w, pool, idle, tasks)
+                    elif w.task and (dead or time.monotonic() > self._deadline(w)):
                         yield from self._replace(w, pool, idle, tasks, timed_out=not dead)
+                if self._stopped:
+                    yield from self._stop_cases(pool, idle, tasks)
         finally:
             worker.stop(pool)
+
+    # -- limits ---------------------------------------------------------------------------------
+    def _arm(self, w: _Worker) -> None:
+        """The deadline of the case ``w`` starts: the whole case's limit, the runner's timeout or a
+        known hang's shorter one (cases/known_divergences.toml); :meth:`_deadline` narrows it
+        while the case's kernel runs."""
+        d = known_divergence(w.task[w.next])
+        w.known_hang = d.timeout if d is not None and d.timeout else None
+        w.limit, w.why = w.known_hang or self.timeout, "case"
+        w.deadline = time.monotonic() + w.limit
+
+    def _deadline(self, w: _Worker) -> float:
+        """When ``w``'s current case times out: while its kernel runs (the worker's board says
+        since when), the kernel call's limit from then (:func:`kernel_limit`; a retry gets the
+        whole timeout, a known hang keeps its own); otherwise the whole case's deadline. Sets
+        the limit and what it bounds, for a timeout's message."""
+        b = w.board
+        if b is None or w.known_hang or b[0] != KERNEL or int(b[1]) != w.next:
+            w.limit, w.why = w.known_hang or self.timeout, "case"
+            return w.deadline
+        case = w.task[w.next]
+        retry = (case.id, case.repeat) in self._deferred  # the whole limit, no guessing
+        w.limit = self.timeout if retry else kernel_limit(
+            case.target, b[3], self.timeout, self.floor,
+            first_compile=(case.op, case.dtype, str(case.target)) not in self._compiled)
+        w.why = "kernel"
+        return min(w.deadline, b[2] + w.limit)
+
+    # -- results, streaks and stops -------------------------------------------------------------
+    def _settle(self, case: Case, r: CaseResult) -> Iterator[CaseResult]:
+        """A case's record, judged under the known divergences, counted in its kernel's streak."""
+        r = apply_divergence(case, r)
+        self._deferred.pop((case.id, case.repeat), None)
+        if r.outcome in ("crash", "timeout"):
+            self._count(case, r.outcome)
+        else:
+            self._streak.pop(kernel_key(case), None)
+            if r.outcome != "xfail":
+                self._compiled.add((case.op, case.dtype, str(case.target)))
+        yield r
+
+    def _count(self, case: Case, outcome: str) -> None:
+        """One more crash or timeout of ``case``'s kernel; the kernel stops at max_failures."""
+        key = kernel_key(case)
+        streak = self._streak.setdefault(key, [])
+        streak.append(outcome)
+        if self.max_failures and len(streak) >= self.max_failures and key not in self._stopped:
+            plural = {"timeout": "timeouts", "crash": "crashes"}
+            kinds = ", ".join(f"{streak.count(o)} {o if streak.count(o) == 1 else plural[o]}"
+                              for o in ("timeout", "crash") if o in streak)
+            self._purge = True
+            self._stopped[key] = (
+                f"not run: {case.op} on {case.target} was stopped after {len(streak)} consecutive crashes "
+                f"or timeouts ({kinds}; the last: {case.id}); --max-consecutive-failures 0 runs every case")
+
+    def _not_run(self, case: Case) -> CaseResult:
+        """The record of a stopped kernel's case (a first timeout whose retry was queued keeps it)."""
+        first = self._deferred.pop((case.id, case.repeat), None)
+        why = self._stopped[kernel_key(case)]
+        if first is not None:
+            first.message += f"; not retried: {why.removeprefix('not run: ')}"
+            return apply_divergence(case, first)
+        return CaseResult.for_case(case, NOT_RUN, message=why)
+
+    def _stop_cases(self, pool: list[_Worker], idle: list[_Worker], tasks: deque[list[Case]]
+                    ) -> Iterator[CaseResult]:
+        """The stopped kernels' cases leave the queue as not-run; a worker in the middle of one is
+        killed (the case is not-run) and the rest of its task requeued."""
+        stopped = self._stopped
+        if self._purge:  # only after a new stop or a requeue: the queue may be long
+            self._purge = False
+            kept: deque[list[Case]] = deque()
+            for t in tasks:
+                rest = [c for c in t if kernel_key(c) not in stopped]
+                for c in t:
+                    if kernel_key(c) in stopped:
+                        yield self._not_run(c)
+                if rest:
+                    kept.append(rest)
+            tasks.clear()
+            tasks.extend(kept)
+        for w in list(pool):
+            if not w.task or kernel_key(w.task[w.next]) not in stopped:
+                continue
+            w.end(hung=True)
+            rest = w.task[w.next:]
+            pool.remove(w)
+            nw = self._spawn()
+            pool.append(nw)
+            idle.append(nw)
+            for c in rest:
+                if kernel_key(c) in stopped:
+                    yield self._not_run(c)
+            rest = [c for c in rest if kernel_key(c) not in stopped]
+            if rest:
+                tasks.appendleft(rest)
+
+    def _recycle(self, w: _Worker, pool: list[_Worker], idle: list[_Worker], tasks: deque[list[Case]]) -> None:
+        """A worker that found its process poisoned exits after its last result: a fresh worker
+        takes the rest of its task."""
+        w.end(hung=False)
+        rest = w.task[w.next:]
+        w.task = []
+        pool.remove(w)
+        nw = self._spawn()
+        pool.append(nw)
+        idle.append(nw)
+        self.recycled += 1
+        if rest:
+            tasks.appendleft(rest)
+            self._purge = bool(self._stopped)
 
     def _pick(self, tasks: deque[list[Case]], w: _Worker, n_workers: int) -> list[Case]:
         """The next task for worker ``w``: the first one it has not run before (under --repeat a
@@ -213,13 +430,10 @@ class Runner:
         worker.stop([w])
         pool.remove(w)
 
-    def _timeout(self, case: Case) -> float:
-        """The runner's timeout, or a known hang's shorter one (cases/known_divergences.toml)."""
-        d = known_divergence(case)
-        return d.timeout if d is not None and d.timeout else self.timeout
-
     def _replace(self, w: _Worker, pool, idle, tasks, timed_out: bool) -> Iterator[CaseResult]:
-        """Record the in-flight case as crash/timeout, requeue the rest, start a fresh worker."""
+        """Record the in-flight case as crash/timeout, requeue the rest, start a fresh worker. A
+        timeout is retried (once, after the rest of the queue, under the whole limit) only when it
+        is ambiguous: the first of its kernel's streak, and not a known hang's."""
         case = w.task[w.next]
         ended = w.end(hung=timed_out)
         rest = w.task[w.next + 1:]
@@ -227,23 +441,41 @@ class Runner:
         nw = self._spawn()
         pool.append(nw)
         idle.append(nw)
+        if rest:
+            tasks.appendleft(rest)
+            self._purge = bool(self._stopped)
         d = known_divergence(case)
-        if timed_out and (case.id, case.repeat) not in self._retried and not (d is not None and d.timeout):
-            # One retry in a fresh worker: a load spike or a first-use compile on a busy machine
-            # must not read as a hang. A case that hangs twice is recorded as a timeout.
-            self._retried.add((case.id, case.repeat))
-            tasks.appendleft([case] + rest)
-            return
+        key = (case.id, case.repeat)
+        limit, what = w.limit, ("from the kernel" if w.why == "kernel" else "")
         if timed_out:
-            limit = self._timeout(case)
-            again = " (twice, in two fresh workers)" if (case.id, case.repeat) in self._retried else ""
-            r = CaseResult.for_case(case, "timeout", duration_s=limit,
-                                    message=f"no result within {limit:g} s{again}; worker killed")
+            first = self._deferred.get(key)
+            msg = f"no result within {limit:g} s{' ' + what if what else ''}"
+            if w.why == "kernel" and first is None:
+                msg += (f" (its limit: the larger of the {self._floor_text(case)} floor and "
+                        f"{REFERENCE_FACTOR:g}x the reference's time, at most --timeout {self.timeout:g} s)")
+            if first is not None:
+                msg = f"{first.message.removesuffix('; worker killed')}; retried: {msg} in a fresh worker"
+            r = CaseResult.for_case(case, "timeout", duration_s=limit, message=f"{msg}; worker killed")
+            ambiguous = (first is None and key not in self._retried and not (d is not None and d.timeout)
+                         and not self._streak.get(kernel_key(case)))
+            if ambiguous:
+                # A load spike or a first-use compile on a busy machine must not read as a hang:
+                # retried in a fresh worker when the rest of the queue has run. The timeout still
+                # counts in its kernel's streak unless a known divergence excuses it.
+                self._retried.add(key)
+                self._deferred[key] = r
+                if apply_divergence(case, CaseResult.for_case(case, "timeout")).outcome == "timeout":
+                    self._count(case, "timeout")
+                tasks.append([case])
+                return
         else:
             r = CaseResult.for_case(case, "crash", message=(
                 f"worker process died ({ended}) while running this case"))
-        if rest:
-            tasks.appendleft(rest)
         if self.bundles is not None:  # the worker took the arrays with it: regenerated
             self.bundles.collect(case, r, None)
-        yield apply_divergence(case, r)
+        yield from self._settle(case, r)
+
+    def _floor_text(self, case: Case) -> str:
+        if self.floor is not None:
+            return f"--timeout-floor {self.floor:g} s"
+        return f"{KERNEL_FLOOR.get(case.target.device, self.timeout):g} s {case.target.device}"

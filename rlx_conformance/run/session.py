@@ -24,7 +24,7 @@ from rlx_conformance.judge import stability
 from rlx_conformance.judge.stability import classify
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
-from rlx_conformance.run.runner import DEFAULT_TIMEOUT, Runner
+from rlx_conformance.run.runner import DEFAULT_MAX_FAILURES, DEFAULT_TIMEOUT, Runner
 
 ALL_MODES = ("eager", "lazy", "compiled")
 
@@ -165,7 +165,8 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
             strict_divergences: bool = True, repeat: int = 1, env: dict[str, str] | None = None,
             bundles: bool = False, shard: str | None = None,
             prior: Sequence[res.CaseResult] = (), prior_wall_s: float = 0.0,
-            selection: dict | None = None) -> Run:
+            selection: dict | None = None, timeout_floor: float | None = None,
+            max_failures: int = DEFAULT_MAX_FAILURES) -> Run:
     """Run cases in isolated workers, stream them to a journal, write results.json atomically
     (also after Ctrl-C: what was gathered is kept, with run.interrupted = true).
     ``strict_divergences``: turn the passes of stale known-divergence entries into xpass; only
@@ -178,7 +179,8 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     ``prior``: records of an earlier, interrupted run of the same selection (``run --resume``),
     kept as they are; ``cases`` are then the ones it did not reach, and every judgment over the
     whole set is made over both. ``selection``: what the run was asked for (:func:`selection`),
-    recorded as ``run.selection``."""
+    recorded as ``run.selection``. ``timeout_floor``, ``max_failures``: the runner's kernel-call
+    floor and its stop after consecutive crashes or timeouts (runner.Runner)."""
     run = Run(results=list(prior))
     started = _dt.datetime.now(_dt.UTC)
     t0 = time.perf_counter()
@@ -190,7 +192,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     if bundles and report_dir is not None:
         sink = BundleSink(Path(report_dir), timeout=timeout, init=init, env=tuple(sorted((env or {}).items())))
     runner = Runner(workers=workers, timeout=timeout, init=init, env=env,  # env: set in each worker before init
-                    bundles=sink)
+                    bundles=sink, floor=timeout_floor, max_failures=max_failures)
     try:
         for r in runner.run(stability.repeat_cases(cases, repeat)):
             run.results.append(r)
@@ -216,6 +218,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
             seed="sha256(case input id)", cases_planned=len(cases) + len(prior), interrupted=interrupted,
             **({"resumed": {"kept": len(prior), "ran": len(run.results) - len(prior)}} if prior else {}),
             warnings=warnings, repeat=repeat, same_worker_repeats=runner.same_worker_repeats,
+            **({"workers_recycled": runner.recycled} if runner.recycled else {}),
             bit_stability_failures=bit_failures, **({"shard": shard} if shard else {}),
             **({"selection": {**selection, "shard": shard}} if selection is not None else {}),
             **(meta or {}))

@@ -9,8 +9,11 @@ One run, in this order:
    attribute (a list of dtypes, or a dict device -> dtypes). Registration checks the signature
    against the registry. Any of this failing is a usage error (exit 2).
 2. **Matrix**: OP's whole generated case matrix for (backend, device, mode), through the same
-   isolated runner as ``run`` (a crash or a hang is that case's ``crash``/``timeout``); every
-   worker registers the kernel at start (``init`` hook :func:`install_from_env`). Broken call
+   isolated runner as ``run`` (a crash or a hang is that case's ``crash``/``timeout``; the
+   kernel call's limit is scaled from the reference's time with a floor, and after
+   ``max_failures`` consecutive crashes or timeouts the kernel's remaining cases are ``not-run``:
+   rlx_conformance/run/runner.py); every worker registers the kernel at start (``init`` hook
+   :func:`install_from_env`). Broken call
    conventions (wrong output count, shape or dtype, non-array outputs, inputs written in place)
    are ``contract`` outcomes. Failures inside a known divergence of the built-in kernel
    (cases/known_divergences.toml) count as ``xfail`` only where the built-in kernel fails the
@@ -89,6 +92,7 @@ from rlx_conformance.judge.stability import classify
 from rlx_conformance.ops import get_op
 from rlx_conformance.run import bundle, derivatives, worker
 from rlx_conformance.run.execute import element_text, judge, mismatch
+from rlx_conformance.run.runner import DEFAULT_MAX_FAILURES, NOT_RUN, kernel_limit
 from rlx_conformance.run.session import (
     backend_targets,
     build_cases,
@@ -331,7 +335,8 @@ _SERVICES = {"run": _svc_run, "derivative": _svc_derivative, "unchecked": _svc_u
 class Isolated:
     """One worker process with the contributed kernel registered, for error inputs, fuzz
     examples, bundle outputs and timing. A call that kills the worker answers ("crash", why),
-    one that outlives ``timeout`` ("timeout", why); the next call starts a fresh worker."""
+    one that outlives ``timeout`` ("timeout", why), and one that raises a lost CUDA context's
+    error (worker.poisoned) its answer; in each case the next call starts a fresh worker."""
 
     def __init__(self, cfg: dict[str, Any], timeout: float):
         self.cfg, self.timeout = cfg, timeout
@@ -354,7 +359,10 @@ class Isolated:
         try:
             w.send((kind, payload))
             if w.conn.poll(limit):
-                return w.conn.recv()[1]  # (DONE, the answer)
+                answer = w.conn.recv()[1]  # (DONE, the answer)
+                if answer[0] == "raised" and worker.poisoned(answer[1][1]):
+                    self.close()  # a lost CUDA context: no later call may inherit it
+                return answer
             dead = not w.proc.is_alive()
         except (EOFError, OSError, BrokenPipeError):
             dead = True
@@ -461,6 +469,9 @@ class Validation:
     timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
     notes: list[str] = field(default_factory=list)
     grads: tuple[str, ...] = ()  # the derivative kinds run besides the forward (--grad)
+    # why the runner stopped the kernel's cases (consecutive crashes or timeouts); then the error
+    # inputs, speed and fuzzing were skipped
+    stopped: str | None = None
 
     @property
     def bad_cases(self) -> list[res.CaseResult]:
@@ -521,7 +532,7 @@ class Validation:
             "error_inputs": [p.to_json() for p in self.error_probes],
             "speed": self.speed,
             "fuzz": None if self.fuzz is None else self.fuzz.to_json() | {"bundle": self.fuzz_bundle},
-            "bundles": self.bundles, "notes": self.notes,
+            "bundles": self.bundles, "notes": self.notes, "stopped": self.stopped,
         }
 
 
@@ -538,9 +549,11 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
              report_dir: Path | None = None, workers: int | None = None,
              timeout: float = 60.0, fuzz: int = 0, derandomize: bool = False, strict: bool = False,
              speed_cases: int = 8, on_result: Callable[[res.CaseResult], None] | None = None,
-             on_stage: Callable[[str], None] | None = None, grads: Sequence[str] = ()) -> Validation:
+             on_stage: Callable[[str], None] | None = None, grads: Sequence[str] = (),
+             timeout_floor: float | None = None, max_failures: int = DEFAULT_MAX_FAILURES) -> Validation:
     """Validate ``kernel`` for ``op``; see the module docstring. ``grads``: the derivative kinds
     (matrix.GRAD_KINDS) whose cases run besides the forward ones (those the op declares).
+    ``timeout_floor``, ``max_failures``: the runner's (--timeout-floor, --max-consecutive-failures).
     Raises RlxError for usage errors."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -558,8 +571,10 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
     if backend == "cpu":
         raise RlxError("the cpu backend is the reference every kernel is judged against; "
                        "validate a kernel for another backend (--backend mlx)")
-    if fuzz < 0 or speed_cases < 0 or (workers is not None and workers < 0) or timeout <= 0:
-        raise RlxError("--fuzz, --speed-cases and --workers want counts >= 0, --timeout seconds > 0")
+    if fuzz < 0 or speed_cases < 0 or (workers is not None and workers < 0) or max_failures < 0 \
+            or timeout <= 0 or (timeout_floor is not None and timeout_floor <= 0):
+        raise RlxError("--fuzz, --speed-cases, --workers and --max-consecutive-failures want counts "
+                       ">= 0, --timeout and --timeout-floor seconds > 0")
     if fuzz:
         hypothesis_modules()  # a clear one-line error now rather than after the matrix
     if grads and not spec.derivative_kinds():
@@ -593,7 +608,8 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
         run = execute(cases, report_dir, workers=workers, timeout=timeout,
                       init=None if workers == 0 else INIT, env={ENV: json.dumps(cfg)},
                       on_result=on_result, strict_divergences=False, bundles=True,
-                      meta={"validate": {"op": spec.name, "kernel": entry.origin}})
+                      meta={"validate": {"op": spec.name, "kernel": entry.origin}},
+                      timeout_floor=timeout_floor, max_failures=max_failures)
         v.results = run.results
         for r in v.results:  # a crash or timeout is recorded by the parent, which ran no kernel
             r.origin = entry.origin
@@ -611,8 +627,15 @@ def validate(op: str, kernel: str, *, backend: str = "mlx", device: str = "cpu",
                 _beside_builtin(v, by_id, svc)
             v.bundles = sum(1 for r in v.bad_cases if r.repro)
             res.write_results(run.path, run.meta, v.results, classify(v.results))
-            stage("error inputs")
-            v.error_probes = _error_probes(spec, svc, target)
+            stopped = next((r.message for r in v.results if r.outcome == NOT_RUN), None)
+            if stopped:
+                # a kernel that crashes or hangs on everything would only do it again, each time
+                # at the cost of a limit: the verdict is already FAIL, the fix comes first
+                v.stopped = stopped.removeprefix("not run: ")
+                speed_cases = fuzz = 0
+            else:
+                stage("error inputs")
+                v.error_probes = _error_probes(spec, svc, target, timeout_floor)
             svc.close()  # a kernel fed an invalid index may have corrupted its heap: a fresh worker
             if speed_cases:
                 stage("speed")
@@ -704,20 +727,22 @@ def _recheck_divergences(v: Validation, by_id: dict[str, Case], strict: bool, wo
         r.divergence = {**d, "excused": False}
 
 
-def _error_probes(spec, svc: Isolated, target: Target) -> list[ErrorProbe]:
+def _error_probes(spec, svc: Isolated, target: Target, floor: float | None = None) -> list[ErrorProbe]:
     """Each declared error input through the harness's pre-validation and, separately, to the
-    kernel alone in the isolated worker."""
+    kernel alone in the isolated worker, under the kernel call's limit of the matrix (runner's
+    kernel_limit: an error input is small, so its floor)."""
     if spec.error_inputs is None:
         return []
     out = []
+    limit = kernel_limit(target, 0.0, svc.timeout, floor, first_compile=True)
     for desc, inputs, attrs in spec.error_inputs():
         try:
             prevalidate(spec, inputs, attrs)
             harness = None
         except SpecError as e:
             harness = str(e)
-        status, value = svc.call("unchecked", inputs=[np.asarray(x) for x in inputs], attrs=dict(attrs),
-                                 device=target.device, mode=target.mode)
+        status, value = svc.call("unchecked", timeout=limit, inputs=[np.asarray(x) for x in inputs],
+                                 attrs=dict(attrs), device=target.device, mode=target.mode)
         if status == "ok":
             kernel, rejects = f"accepts: returned {', '.join(value)}", False
             # MLX does no bounds checking: a kernel that took an out-of-range index may have
@@ -737,7 +762,7 @@ def _bundles(v: Validation, by_id: dict[str, Case], svc: Isolated, report_dir: P
     regenerated from the id; the kernel's outputs come from a rerun in the isolated worker."""
     for r in v.bad_cases:
         case = by_id.get(r.id)
-        if case is None or r.repro:
+        if case is None or r.repro or r.outcome == NOT_RUN:  # a case not run has nothing to repro
             continue
         arrays = bundle.regenerate(case)
         expected = arrays["expected"] if not isinstance(arrays["expected"], Exception) else None

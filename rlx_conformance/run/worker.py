@@ -11,7 +11,13 @@ The protocol, the same for every caller::
     worker -> parent   READY once the worker is set up, or ("init-error", why) and it exits
     parent -> worker   a message (what it means is the caller's task function's business)
     worker -> parent   whatever the task sends while it runs, then (DONE, what the task returned)
+                       or (RECYCLE, why) when the task found the process poisoned: it then exits
     parent -> worker   STOP: the worker returns (as it does when the parent's end closes)
+
+A poisoned process (:func:`poisoned`: on MLX's CUDA build, once a kernel hits an illegal memory
+access every later call in that process errors or returns garbage) must not run another case:
+the task raises :class:`Poisoned` after sending what it has, the worker answers (RECYCLE, why)
+and exits, and the parent starts a fresh one for the rest of the work.
 
 Callers differ only in the task function applied to each message (and an optional setup run
 before "ready"); both must be picklable (module-level functions, or functools.partial of them):
@@ -34,9 +40,33 @@ from rlx_conformance.core.errors import RlxError
 STOP = None  # the parent's last message to a worker
 READY = ("ready", None)  # a worker's first message: set up, waiting for work
 DONE = "done"  # tags a worker's last answer to a message: (DONE, the task's return value)
+RECYCLE = "recycle"  # tags a poisoned worker's last message, (RECYCLE, why), before it exits
 START_TIMEOUT = 120.0  # seconds a worker may take to set up (imports, an init hook) before "ready"
 
 Task = Callable[[Any, Callable[[Any], None]], Any]  # task(message, send) -> the DONE payload
+
+# Errors after which a process's CUDA context is lost for good ("sticky" errors: the CUDA runtime
+# returns them for every later call in the process), as MLX's CUDA build words them (its
+# cuda_check raises "<call> failed: <cudaGetErrorString>") and as CUDA names them. Matched
+# case-insensitively anywhere in a result's message; a false match costs one worker restart.
+POISON = ("an illegal memory access was encountered", "cudaErrorIllegalAddress", "misaligned address",
+          "an illegal instruction was encountered", "unspecified launch failure", "CUDA error",
+          "cuda_check")
+
+
+def poisoned(message: str | None) -> str | None:
+    """The :data:`POISON` phrase in ``message`` (a kernel's error text), or None."""
+    low = (message or "").lower()
+    return next((p for p in POISON if p.lower() in low), None)
+
+
+class Poisoned(Exception):
+    """Raised by a task (after sending its results) when the process must not run anything
+    more: :func:`serve` answers (RECYCLE, why) and exits."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
 
 
 def context() -> mp.context.BaseContext:
@@ -65,8 +95,9 @@ def serve(conn: Connection, task: Task, setup: Callable[[], None] | None = None,
     """A worker process's main: its environment (``env``, set before anything reads it: MLX reads
     MLX_ENABLE_TF32 once per process), ``setup`` and the ``init`` hook, then READY; then
     ``task(message, send)`` for each message, each answered last by (DONE, its return value),
-    until STOP. A setup that fails is reported as ("init-error", why): the parent fails once,
-    with the reason, instead of replacing a worker that can never start."""
+    until STOP, or by (RECYCLE, why) when the task raises :class:`Poisoned` (the worker exits).
+    A setup that fails is reported as ("init-error", why): the parent fails once, with the
+    reason, instead of replacing a worker that can never start."""
     os.environ.update(env or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     try:
@@ -84,7 +115,12 @@ def serve(conn: Connection, task: Task, setup: Callable[[], None] | None = None,
             return
         if msg is STOP:
             return
-        conn.send((DONE, task(msg, conn.send)))
+        try:
+            out = task(msg, conn.send)
+        except Poisoned as p:
+            conn.send((RECYCLE, p.why))
+            return
+        conn.send((DONE, out))
 
 
 def signal_name(code: int | None) -> str:
@@ -122,7 +158,7 @@ class Worker:
             except (EOFError, OSError):
                 return got, True
             got.append(msg)
-            if msg[0] == DONE:
+            if msg[0] in (DONE, RECYCLE):
                 break
         return got, False
 

@@ -12,8 +12,10 @@ tolerance (the larger of atol, rtol |y| and max_ulp ulp(y), since any one suffic
 half an ulp, since a single-op tolerance compares two rounded results and the graph's reference
 keeps the float64 value; 0 for an op judged bit-exactly (data movement, relu). ``|J(x)| e``: the
 reference backend's componentwise magnitude of the node's JVP with tangent e
-(DerivativeRule.magnitude through ``run_magnitude(op, "jvp")``: >= |J||e|), computed by the run
-layer (run/graphs.py) and handed here as arrays; this module does the arithmetic only.
+(DerivativeRule.magnitude through ``run_magnitude(op, "jvp")``: >= |J||e|, less the part of it
+that is the derivative's sensitivity to the rounding of saved forward values, SAVED_TERMS, which
+is no propagation of e: run/graphs.jacobian_product), computed by the run layer (run/graphs.py)
+and handed here as arrays; this module does the arithmetic only.
 
 What first order leaves out, and how it is handled:
 * Terms of order e^2 (curvature): negligible while e is a few ulps of a smooth node's inputs,
