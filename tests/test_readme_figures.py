@@ -38,9 +38,10 @@ def test_the_main_jobs_layout_and_graph_cases():
     (--graphs all, the default without --ops), one mode."""
     from rlx_conformance.generate import graphs
     m = re.search(r"([\d,]+) memory-layout cases \(`--layouts none` leaves them out.*?\) and "
-                  r"([\d,]+) graph cases \(`--graphs none`\)", README)
+                  r"([\d,]+) graph cases with their ([\d,]+) VJPs \(`--graphs none`\)", README)
     layouts = [c for c in matrix.generate(COMPILED, layouts="default") if c.layout]
-    assert m and [n(g) for g in m.groups()] == [len(layouts), len(graphs.generate_graphs(COMPILED))]
+    assert m and [n(g) for g in m.groups()] == [len(layouts), len(graphs.generate_graphs(COMPILED)),
+                                                len(graphs.generate_graphs(COMPILED, grads=("vjp",)))]
 
 
 def test_the_main_jobs_derivative_cases():

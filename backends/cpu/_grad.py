@@ -287,6 +287,58 @@ def diagonal(op: str, saved: Callable[[list[np.ndarray], dict], Grads] | None = 
     return magnitude
 
 
+def argument(op: str, sensitivity: Callable[[list[np.ndarray], dict], Grads]) -> None:
+    """Declare the sensitivity of an elementwise op's first derivatives to the rounding of their
+    formula's own arguments (judge/bounds/derivative.py, [[argument]] in cases/derivatives.toml):
+    ``sensitivity(broadcast inputs, attrs)`` gives per input, at the broadcast point, how far a
+    relative rounding of one unit moves that input's partial (|dg/dw| |w| for the argument w of
+    the partial g, summed over its arguments), >= 0; scaled by the seeds as the magnitude is."""
+    def part(inputs: list[np.ndarray], attrs: dict, kind: str, seeds: Grads) -> Grads:
+        shape = np.broadcast_shapes(*(x.shape for x in inputs))
+        extra = sensitivity([np.array(np.broadcast_to(x, shape)) for x in inputs], attrs)
+        return _diagonal(op, inputs, attrs, kind, seeds, extra, shape)[0]
+
+    ARGUMENT_TERMS[op] = part
+
+
+# op -> the sensitivity of its first derivatives to the rounding of their formula's own arguments
+# (argument above), with the magnitude's signature; the derivative judge adds gamma_k(u) times it.
+ARGUMENT_TERMS: dict[str, Callable[[list[np.ndarray], dict, str, Grads], Grads]] = {}
+
+
+def argument_sensitivity(op: str, kind: str, inputs: list[np.ndarray], attrs: dict,
+                         seeds: Grads) -> Grads | None:
+    """ARGUMENT_TERMS[op] for a vjp (seeds: cotangents) or jvp (tangents), float64, one array
+    (or None) per result; None where the op declares none or for an HVP (whose magnitude holds
+    its arguments' roundings: unary_second_rule's ``extra``)."""
+    fn = ARGUMENT_TERMS.get(op)
+    if fn is None or kind not in ("vjp", "jvp"):
+        return None
+    with np.errstate(all="ignore"):
+        xs = [np.asarray(x, np.float64) for x in inputs]
+        return list(fn(xs, dict(attrs), kind, [None if v is None else np.asarray(v, np.float64) for v in seeds]))
+
+
+def intermediates(op: str, largest: Callable[[list[np.ndarray], dict, str], Grads]) -> None:
+    """Declare the largest intermediate a good implementation's derivative formula for ``op``
+    forms before the seeds scale it (pow's a^(b-1), which overflows where b a^(b-1) need not):
+    ``largest(inputs, attrs, kind) -> one array (or None) per result``, for the [[overflow]]
+    rule of judge/bounds/derivative.py besides the terms' magnitude."""
+    INTERMEDIATES[op] = largest
+
+
+INTERMEDIATES: dict[str, Callable[[list[np.ndarray], dict, str], Grads]] = {}
+
+
+def largest_intermediate(op: str, kind: str, inputs: list[np.ndarray], attrs: dict) -> Grads | None:
+    """INTERMEDIATES[op] for a vjp or jvp, float64; None where the op declares none."""
+    fn = INTERMEDIATES.get(op)
+    if fn is None or kind not in ("vjp", "jvp"):
+        return None
+    with np.errstate(all="ignore"):
+        return list(fn([np.asarray(x, np.float64) for x in inputs], dict(attrs), kind))
+
+
 def add_grads(a: Grads, b: Grads) -> Grads:
     """a + b per result (None where either is None)."""
     return [None if x is None or y is None else x + y for x, y in zip(a, b)]

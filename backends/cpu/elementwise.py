@@ -16,7 +16,9 @@ import scipy.special as sp
 
 from rlx_conformance.backends.cpu import BACKEND
 from rlx_conformance.backends.cpu._grad import (
+    argument,
     diagonal,
+    intermediates,
     unary_rule,
     unary_second_rule,
     unbroadcast,
@@ -418,6 +420,33 @@ for _name in _GRAD_RULES:
     _fn = _SAVED.get(_name)
     BACKEND.magnitude(_name)(diagonal(_name, None if _fn is None else (lambda xs, attrs, f=_fn: [f(xs[0])])))
 
+# Argument sensitivities (_grad.argument; judge/bounds/derivative.py, [[argument]] tables of
+# cases/derivatives.toml give their roundings and reasons): how far a relative rounding of one
+# unit in the arguments a good implementation's derivative formula forms moves f'. erf' =
+# 2/sqrt(pi) e^(-w), w = x^2 rounded: |f'| w. softplus' = sigmoid(x) as exp(x - y) from the
+# saved forward y = softplus(x) (JAX and MLX: logaddexp's derivative from its output): the
+# rounded y and the difference, |f'| (|y| + |x - y|); log_sigmoid = -softplus(-x) alike. The
+# compositions mlx.nn (and JAX, and for softsign PyTorch) differentiate by the product and
+# quotient rules sum terms that cancel to f': the terms' absolute values (gelu's also carry its
+# rounded arguments x / sqrt 2 and their square in e^(-x^2/2): |x| phi(x) (1 + x^2 / 2)).
+def _softplus_argument(x):
+    y = np.logaddexp(0.0, x)
+    return _sigmoid(x) * (np.abs(y) + np.abs(x - y))
+
+
+_ARGUMENTS = {
+    "erf": lambda x: _TWO_OVER_SQRTPI * np.exp(-x * x) * x * x,
+    "softplus": _softplus_argument,
+    "log_sigmoid": lambda x: _softplus_argument(-x),
+    "softsign": lambda x: 1 / (1 + np.abs(x)) + np.abs(x) / (1 + np.abs(x)) ** 2,
+    "hard_swish": lambda x: (np.clip(x + 3, 0, 6) + np.abs(x) * ((x > -3) & (x < 3))) / 6,
+    "mish": lambda x: np.abs(np.tanh(np.logaddexp(0.0, x)))
+    + np.abs(x) * _sech2(np.logaddexp(0.0, x)) * _sigmoid(x),
+    "gelu": lambda x: 0.5 * _erfc(-x * _RSQRT2[0]) + np.abs(x) * _phi(x) * (2 + 0.5 * x * x),
+}
+for _name, _fn in _ARGUMENTS.items():
+    argument(_name, lambda xs, attrs, f=_fn: [f(xs[0])])
+
 
 # -- binary --------------------------------------------------------------------------------------
 def _arith(float_fn, int_fn):
@@ -526,6 +555,35 @@ _binary_rule("atan2", _atan2_partials,
 
              "singular at a = b = 0; a branch cut along b < 0 (a jump of 2 pi)",
              lambda a, b: np.where(b < 0, np.abs(a), np.hypot(a, b)) / 2)
+
+
+def _pow_argument(xs, attrs):
+    """d/da = b a^(b-1) after b - 1 rounds (PyTorch pow_backward_self, JAX and MLX alike): a
+    relative error ln|a| (b - 1) u in a^(b-1). d/db = a^b ln a reuses the saved a^b: none."""
+    a, b = xs
+    with np.errstate(all="ignore"):
+        da = np.abs(_pow_partials(a, b)[0]) * np.abs(np.log(np.abs(a))) * np.abs(b - 1)
+    return [np.where(np.isfinite(da), da, 0.0), np.zeros(np.shape(b))]
+
+
+argument("pow", _pow_argument)
+
+
+def _pow_intermediate(xs, attrs, kind):
+    """|a^(b-1)|, formed before b and the seed scale it (PyTorch exponent * self.pow(exponent -
+    1), JAX y * x ** (y - 1)): beyond the range where |b| < 1 keeps d/da in it. Per result: the
+    largest over a's broadcast dims (vjp; none for b, whose a^b ln a reuses the forward's
+    a^b), or over the output (jvp)."""
+    a, b = xs
+    p = np.abs(np.power(np.abs(a), b - 1))
+    p, _ = np.broadcast_arrays(p, np.broadcast_to(b, np.broadcast_shapes(a.shape, b.shape)))
+    if kind == "jvp":
+        return [np.where(np.isnan(p), 0.0, p)]
+    return [-unbroadcast_min(-np.where(np.isnan(p), 0.0, p), a.shape), np.zeros(b.shape)]
+
+
+intermediates("pow", _pow_intermediate)
+
 
 for _name in ("add", "sub", "mul", "div", "max", "min", "pow", "mod", "atan2"):
     BACKEND.magnitude(_name)(diagonal(_name))  # elementwise: exact (the partials at each point)

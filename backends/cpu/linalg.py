@@ -391,6 +391,50 @@ def cholesky_jvp(inputs, attrs, tans):
     return [l @ _phi(x)]
 
 
+def _cholesky_parts(inputs, attrs, kind, seeds, rounding):
+    """The rules' linear maps with every matrix replaced by its absolute value (a bound on
+    |J|ᵀ|u| and |J||v| by the triangle inequality over the maps' products; Φ(|X|) = |Φ(X)|):
+    vjp |L⁻ᵀ| Φ(|L|ᵀ |L̄|) |L⁻¹|, symmetrized and collected on the lower triangle as the rule
+    does; jvp |L| Φ(|L⁻¹| |dS| |L⁻ᵀ|). With ``rounding``, what the two triangular solves' own
+    rounding adds instead: a backward stable solve of op(L) y = r returns y within gamma
+    |op(L)⁻¹| |op(L)| |y| (Skeel; Higham ch. 8), carried through the rest of the rule."""
+    (a,) = inputs
+    if not a.size:
+        return [np.zeros(a.shape)]
+    n = a.shape[-1]
+    l = np.linalg.cholesky(_spd_sym(a))
+    al, li = np.abs(l), np.abs(np.linalg.inv(l))
+    if kind == "vjp":
+        x = _T(li) @ _phi(_T(al) @ np.abs(seeds[0]))  # |L⁻ᵀ| P
+        s = x @ li
+        if rounding:  # solve 1's error through solve 2, and solve 2's own
+            s = _T(li) @ (_T(al) @ x) @ li + s @ al @ li
+        s = 0.5 * (s + _T(s))
+        return [2 * np.tril(s, -1) + np.eye(n) * s]
+    ds = _spd_sym(np.abs(seeds[0]))
+    y1 = li @ ds  # |L⁻¹| |dS|
+    y = y1 @ _T(li)
+    if rounding:
+        y = li @ (al @ y1) @ _T(li) + y @ _T(al) @ _T(li)
+    return [al @ _phi(y)]
+
+
+@BACKEND.magnitude("cholesky")
+def cholesky_magnitude(inputs, attrs, kind, seeds):
+    """_cholesky_parts' |J|-bound plus its solve-rounding part (SAVED_TERMS); terms: a result
+    sums n products in Lᵀ L̄ (vjp) or L⁻¹ dS (jvp), n in each of the two solves or products
+    that follow, and two in the symmetrization: 3 n + 2. Not included: the factorization's own
+    backward error |ΔA| <= gamma_(n+1) |L| |Lᵀ| carried through the rule (a tighter bound, on
+    the side of rejecting)."""
+    n = inputs[0].shape[-1] if inputs[0].ndim >= 2 else 1
+    mags = add_grads(_cholesky_parts(inputs, attrs, kind, seeds, False),
+                     _cholesky_parts(inputs, attrs, kind, seeds, True))
+    return mags, 3 * n + 2
+
+
+SAVED_TERMS["cholesky"] = functools.partial(_cholesky_parts, rounding=True)
+
+
 def _spd_radius(a: np.ndarray) -> np.ndarray:
     """With S = D B D, d_i = sqrt(s_ii) (the scaled class is D A D for powers of two D):
     |ds_ij| < lambda_min(B) d_i d_j / n keeps S SPD (||D⁻¹ dS D⁻¹||_2 < lambda_min(B))."""

@@ -396,7 +396,9 @@ def cum_prod_vjp(inputs, attrs, cots):
         r = u[..., i] + (x[..., i + 1] * r if i + 1 < n else 0.0)
         g[..., i] = r
     prefix = _shift(np.cumprod(x, -1), 1.0) if n else x
-    return [_back(g * prefix, attrs)]
+    # g = 0 (an element no output depends on: the last one of an exclusive scan) has derivative
+    # 0 exactly, also where its prefix product overflowed float64 (0 * inf would be NaN)
+    return [_back(np.where(g == 0, 0.0, g * prefix), attrs)]
 
 
 @jvp("cum_prod")

@@ -14,12 +14,18 @@ import numpy as np
 
 from rlx_conformance.backends import get_backend
 from rlx_conformance.backends.base import record_fields
+from rlx_conformance.backends.cpu._grad import argument_sensitivity, largest_intermediate
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, Seeds, make_inputs, make_seeds
-from rlx_conformance.judge.bounds.derivative import derivative_bound, roundings_for
-from rlx_conformance.judge.compare import Comparison, compare
+from rlx_conformance.judge.bounds.derivative import (
+    argument_roundings_for,
+    derivative_judgement,
+    overflow_rule_for,
+    roundings_for,
+)
+from rlx_conformance.judge.compare import Bound, Comparison, compare
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import default_tolerance
 from rlx_conformance.run.recent import Recent
@@ -29,7 +35,9 @@ from rlx_conformance.run.recent import Recent
 class Reference:
     """What every target of one derivative input id shares: inputs, seeds, the reference's
     results (None where an input or output has no derivative), their dtypes, the magnitudes and
-    term count of the bound, and the positions the spec leaves undefined."""
+    term count of the bound, the sensitivity to the rounding of the derivative formula's own
+    arguments and its largest intermediate (None where the op declares none: judge/bounds/
+    derivative.py), and the positions the spec leaves undefined."""
 
     inputs: list[np.ndarray]
     seeds: Seeds
@@ -38,6 +46,8 @@ class Reference:
     magnitude: list[np.ndarray | None]
     terms: int
     undefined: list[np.ndarray | None]
+    argument: list[np.ndarray | None] | None = None
+    intermediate: list[np.ndarray | None] | None = None
 
 
 def result_dtypes(case: Case, inputs: list[np.ndarray]) -> list[str | None]:
@@ -63,8 +73,22 @@ def reference(case: Case) -> Reference:
         if case.grad == "jvp" else list(seeds.cotangents) + list(seeds.tangents)
     mags, terms = cpu.run_magnitude(case.op, case.grad, inputs, attrs, seed_list)
     undefined = cpu.undefined_positions(case.op, case.grad, inputs, attrs) or [None] * len(expected)
+    args = argument_sensitivity(case.op, case.grad, inputs, attrs, seed_list)
+    inter = largest_intermediate(case.op, case.grad, inputs, attrs)
     return Reference(inputs, seeds, expected, [d if r is not None else None for r, d in zip(raw, dtypes)],
-                     list(mags), terms, list(undefined))
+                     list(mags), terms, list(undefined), args, inter)
+
+
+def result_bound(case: Case, ref: Reference, k: int) -> Bound | None:
+    """The judgement of derivative result ``k`` (judge/bounds/derivative.derivative_judgement:
+    the magnitude's bound, the argument roundings, the overflow rule); None without a magnitude."""
+    m = ref.magnitude[k]
+    if m is None or ref.dtypes[k] is None:
+        return None
+    arg = None if ref.argument is None else ref.argument[k]
+    inter = None if ref.intermediate is None else ref.intermediate[k]
+    return derivative_judgement(case.op, ref.dtypes[k], m, ref.terms, native=case.spec.low_precision == "native",
+                                argument=arg, intermediate=inter)
 
 
 def handed_seeds(case: Case, seeds: Seeds) -> Seeds:
@@ -104,8 +128,7 @@ def judge(case: Case, ref: Reference, actual: list[np.ndarray | None]) -> list[C
         if a is None:
             comps.append(Comparison(False, message=f"d/d {what}: no result"))
             continue
-        bound = derivative_bound(case.op, d, m, ref.terms, native=case.spec.low_precision == "native") \
-            if m is not None else None
+        bound = result_bound(case, ref, k)
         comps.append(compare(e, np.asarray(a), exact=False, signed_zero=False, tol=default_tolerance(d),
                              bound=bound, skip=skip, name=f"{case.grad} {what}"))
     return comps
@@ -154,7 +177,7 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
         "max_ulp": max((c.max_ulp for c in comps), default=0.0),
         "tolerance": {"max_ulp": max((default_tolerance(d).max_ulp for d in ref.dtypes if d), default=0.0),
                       "rtol": 0.0, "atol": 0.0,
-                      "source": f"derivative:{roundings_for(case.op).source}+{ref.terms}terms"}}
+                      "source": _bound_source(case, ref)}}
     nonfinite = sum(c.nonfinite for c in comps)
     if nonfinite:
         measured["nonfinite_mismatches"] = nonfinite
@@ -171,6 +194,17 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     msg = "; ".join(c.message for c in comps if c.message)
     return CaseResult.for_case(case, "pass" if ok else "fail", message=msg,
                                duration_s=time.perf_counter() - t0, **measured, **kw)
+
+
+def _bound_source(case: Case, ref: Reference) -> str:
+    """Where the derivative bound's figures come from: the [[rule]] and term count, and the
+    [[argument]] and [[overflow]] tables of cases/derivatives.toml that apply."""
+    src = f"derivative:{roundings_for(case.op).source}+{ref.terms}terms"
+    arg = argument_roundings_for(case.op)
+    if arg is not None and ref.argument is not None:
+        src += f"+{arg.source}"
+    over = overflow_rule_for(case.op)
+    return src + (f"+{over.source}" if over is not None else "")
 
 
 def _sum_kinds(comps: list[Comparison]) -> dict[str, int]:
