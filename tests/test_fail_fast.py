@@ -190,3 +190,18 @@ def test_not_run_is_a_failing_outcome_every_report_knows():
     tree = junit.build([r.to_json()])
     skipped = tree.getroot().find("testsuite/testcase/skipped")
     assert skipped is not None and skipped.get("type") == "not-run" and skipped.get("message") == "not run: stopped"
+
+
+def test_a_stop_while_a_worker_has_answered_its_whole_task():
+    """A worker that has sent its task's last result but not yet DONE (``next == len(task)``)
+    is neither stopped nor indexed past its task when another kernel's stop sweeps the pool: an
+    IndexError here ended an H200 run (run --device gpu --grad all, 2026-12-04)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    cases = neg_cases()[:2]
+    r = runner.Runner(workers=1, timeout=2.0)
+    r._stopped = {runner.kernel_key(cases[0]): "3 crashes in a row"}
+    r._purge = False
+    done = SimpleNamespace(task=list(cases), next=len(cases))
+    assert list(r._stop_cases([done], [], deque())) == []

@@ -373,7 +373,8 @@ class Runner:
             tasks.clear()
             tasks.extend(kept)
         for w in list(pool):
-            if not w.task or kernel_key(w.task[w.next]) not in stopped:
+            # w.next == len(w.task): every case of the task answered, DONE not read yet
+            if w.next >= len(w.task) or kernel_key(w.task[w.next]) not in stopped:
                 continue
             w.end(hung=True)
             rest = w.task[w.next:]
@@ -434,6 +435,13 @@ class Runner:
         """Record the in-flight case as crash/timeout, requeue the rest, start a fresh worker. A
         timeout is retried (once, after the rest of the queue, under the whole limit) only when it
         is ambiguous: the first of its kernel's streak, and not a known hang's."""
+        if w.next >= len(w.task):  # it answered every case, then died (or hung) before DONE
+            w.end(hung=timed_out)
+            pool.remove(w)
+            nw = self._spawn()
+            pool.append(nw)
+            idle.append(nw)
+            return
         case = w.task[w.next]
         ended = w.end(hung=timed_out)
         rest = w.task[w.next + 1:]
