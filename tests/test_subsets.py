@@ -87,3 +87,16 @@ def test_a_pytest_session_narrowed_by_k_warns_of_nothing(tmp_path: Path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "deselected" in proc.stdout  # the -k narrowed the session
     assert "matched no case" not in proc.stdout + proc.stderr
+
+
+def test_a_layout_only_run_with_graphs_warns_of_nothing():
+    """`run --layouts default --no-contiguous` with graph cases: the graphs' contiguous forward
+    cases do not make the ops' contiguous cases (their entries' scope) seem held, so nothing
+    warns (an H200 run of every op's layout cases and the graphs warned of 95 entry parts)."""
+    from rlx_conformance.generate import matrix
+    from rlx_conformance.generate.graphs import generate_graphs
+    targets = [Target("mlx", "cpu", "compiled")]
+    cases = [c for c in matrix.generate(targets, ops=["gelu", "sign"], layouts="default") if c.layout]
+    cases += generate_graphs(targets, ["matmul_bias_gelu"])
+    assert {c.layout for c in cases} > {""} and any(c.op.startswith("graph:") for c in cases)
+    assert outcomes.finalize(_passing(cases)) == []

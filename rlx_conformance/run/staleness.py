@@ -58,7 +58,7 @@ def _scope(targets: Sequence[Target], ops: Sequence[str], layouts: str = "none")
     rest = [o for o in ops if not is_graph(o)]
     cases = generate(targets, ops=rest, supports=_declared, grads=_EVERY_GRAD,
                      layouts=layouts) if rest or not ops else []
-    return cases + (generate_graphs(targets, graph_ops, supports=_declared) if graph_ops else [])
+    return cases + (generate_graphs(targets, graph_ops, supports=_declared, grads=_EVERY_GRAD) if graph_ops else [])
 
 
 def _run_targets(results: Sequence[CaseResult]) -> tuple[set[Target], list[Target]]:
@@ -84,8 +84,11 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
     every = [Target(b, d, m) for b in sorted({t.backend for t in base})
              for d in get_backend(b).all_devices() for m in get_backend(b).modes]
     dtypes = {r.dtype for r in results}
-    grads = {r.grad for r in results}  # the kinds the run held ("" the forward)
-    layouts = {getattr(r, "layout", "") for r in results}  # the memory layouts it held ("" contiguous)
+    # the derivative kinds ("" the forward) and memory layouts ("" contiguous) the run held, of
+    # the graph cases and of the ops' cases apart: a graph's contiguous forward cases do not make
+    # the ops' contiguous cases seem held in a layout-only run (--no-contiguous with graphs)
+    kinds = {g: ({r.grad for r in results if is_graph(r.op) == g},
+                 {getattr(r, "layout", "") for r in results if is_graph(r.op) == g}) for g in (False, True)}
     ids = {r.id for r in results}
     run_ops = {r.op for r in results}
     out = []
@@ -100,8 +103,9 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
         # a case the run could hold that the part would have been recorded under (a record
         # carries the first entry scoping it)
         if not held or every_layout and any(
-                c.target in targets and c.dtype in dtypes and c.grad in grads
-                and getattr(c, "layout", "") in layouts and kd.known_divergence(c) is d for c in held):
+                c.target in targets and c.dtype in dtypes and c.grad in kinds[is_graph(c.op)][0]
+                and getattr(c, "layout", "") in kinds[is_graph(c.op)][1]
+                and kd.known_divergence(c) is d for c in held):
             out.append((d, p))
     return out
 
