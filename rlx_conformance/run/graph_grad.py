@@ -302,19 +302,9 @@ def evaluate(g: Resolved, ref: GradReference, target: Target, capture: dict[str,
         info["undecided"] = undecided
     if ref.unbounded_nodes:
         info["unbounded_nodes"] = ref.unbounded_nodes[:10]
-    measured: dict[str, Any] = {
-        "max_abs_err": max((c.max_abs_err for c in comps), default=0.0),
-        "max_rel_err": max((c.max_rel_err for c in comps), default=0.0),
-        "max_ulp": max((c.max_ulp for c in comps), default=0.0),
-        "tolerance": {"max_ulp": max((default_tolerance(d).max_ulp for d in ref.dtype.values()), default=0.0),
-                      "rtol": 0.0, "atol": 0.0, "source": "graph-vjp:first-order-backward-propagation"}}
-    unasserted = {"order_dependent": sum(c.order_dependent for c in comps),
-                  "unbounded": sum(c.unbounded for c in comps)}
-    if any(unasserted.values()):
-        measured["unasserted"] = {k: v for k, v in unasserted.items() if v}
-    nonfinite = sum(c.nonfinite for c in comps)
-    if nonfinite:
-        measured["nonfinite_mismatches"] = nonfinite
+    measured = graphs.measured_fields(
+        comps, max((default_tolerance(d).max_ulp for d in ref.dtype.values()), default=0.0),
+        "graph-vjp:first-order-backward-propagation")
     if not ok:
         wrong = [(k, c) for k, c in enumerate(comps) if not c.ok and c.positions]
         if wrong:

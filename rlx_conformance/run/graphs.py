@@ -261,6 +261,25 @@ class Evaluation:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
+
+def measured_fields(comps: list[Comparison], max_ulp: float, source: str) -> dict[str, Any]:
+    """A graph case's record fields from its comparisons (forward outputs or VJP inputs): the
+    worst errors, the bound's source with the dtypes' final-rounding ulps, and what went
+    unasserted or non-finite."""
+    measured: dict[str, Any] = {
+        "max_abs_err": max((c.max_abs_err for c in comps), default=0.0),
+        "max_rel_err": max((c.max_rel_err for c in comps), default=0.0),
+        "max_ulp": max((c.max_ulp for c in comps), default=0.0),
+        "tolerance": {"max_ulp": max_ulp, "rtol": 0.0, "atol": 0.0, "source": source}}
+    unasserted = {"order_dependent": sum(c.order_dependent for c in comps),
+                  "unbounded": sum(c.unbounded for c in comps)}
+    if any(unasserted.values()):
+        measured["unasserted"] = {k: v for k, v in unasserted.items() if v}
+    nonfinite = sum(c.nonfinite for c in comps)
+    if nonfinite:
+        measured["nonfinite_mismatches"] = nonfinite
+    return measured
+
 def evaluate(g: Resolved, ref: Reference, target: Target, capture: dict[str, Any] | None = None) -> Evaluation:
     """``g`` on ``target`` (MlxBackend.run_graph) judged against ``ref``: the part of a graph
     case that :func:`run` records, and that the shrinker (run/shrink.py) and the graph fuzzer
@@ -301,20 +320,9 @@ def evaluate(g: Resolved, ref: Reference, target: Target, capture: dict[str, Any
         info["undecided"] = undecided  # outputs a discrete node may have decided otherwise
     if ref.unbounded_nodes:
         info["unbounded_nodes"] = ref.unbounded_nodes[:10]
-    measured: dict[str, Any] = {
-        "max_abs_err": max((c.max_abs_err for c in comps), default=0.0),
-        "max_rel_err": max((c.max_rel_err for c in comps), default=0.0),
-        "max_ulp": max((c.max_ulp for c in comps), default=0.0),
-        "tolerance": {"max_ulp": max(default_tolerance(ref.dtype[o]).max_ulp if dt.is_float(ref.dtype[o]) else 0.0
-                                     for o in g.outputs),
-                      "rtol": 0.0, "atol": 0.0, "source": "graph:first-order-propagation"}}
-    unasserted = {"order_dependent": sum(c.order_dependent for c in comps),
-                  "unbounded": sum(c.unbounded for c in comps)}
-    if any(unasserted.values()):
-        measured["unasserted"] = {k: v for k, v in unasserted.items() if v}
-    nonfinite = sum(c.nonfinite for c in comps)
-    if nonfinite:
-        measured["nonfinite_mismatches"] = nonfinite
+    measured = measured_fields(
+        comps, max(default_tolerance(ref.dtype[o]).max_ulp if dt.is_float(ref.dtype[o]) else 0.0
+                   for o in g.outputs), "graph:first-order-propagation")
     if not ok:
         wrong = [(k, c) for k, c in enumerate(comps) if not c.ok and c.positions]
         if wrong:
