@@ -1,5 +1,8 @@
 """``rlx-conformance exhaustive``: every unary float op on all float16 and bfloat16 bit patterns
-(optionally a float32 sample) against the precise oracle (rlx_conformance/run/exhaustive.py).
+and, when asked (--dtypes float32, --float32-range, --float32-sample), on float32: all 2^32 bit
+patterns where CuPy sees a GPU (``--dtypes float32 --device gpu``: a float64 oracle on the device,
+run/exhaustive_f32.py), else a sample covering every exponent, against the precise oracle
+(rlx_conformance/run/exhaustive.py).
 
 The same sweep ends ``rlx-conformance run --exhaustive`` (:func:`sweep_after_run`): over the run's
 own selection (--ops, --dtypes, --device, --mode, --shard, --workers) into the run's report
@@ -20,6 +23,7 @@ from typing import Any
 from rlx_conformance.cli import _output as out
 from rlx_conformance.cli.options import add_matrix_options, parse_shard, split, targets
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.run import exhaustive_f32
 from rlx_conformance.run.exhaustive import (
     SWEEP_FAILING,
     run_exhaustive,
@@ -36,6 +40,13 @@ def register(sub) -> None:
     add_matrix_options(p)
     p.add_argument("--float32-sample", type=int, default=0, metavar="N",
                    help="also sweep about N float32 patterns covering every exponent (default 0: none)")
+    p.add_argument("--float32-range", choices=("auto", "sample", "full"), default=None,
+                   help="float32 inputs: every one of the 2^32 bit patterns (full), a sample covering every "
+                        "exponent (sample: --float32-sample N, default 2^20), or auto: full where CuPy sees a "
+                        "GPU (the float64 oracle on the device), else the sample. Naming float32 in --dtypes "
+                        "or giving this option sweeps float32 (default auto)")
+    p.add_argument("--float32-chunk", type=int, default=None, metavar="N",
+                   help="float32 patterns per chunk (default 2^26 with CuPy, 2^22 on numpy)")
     p.add_argument("--report", metavar="DIR", help="report directory (default: reports/exhaustive-<time>)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core, at most 4)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds one target may run on one op (default 120)")
@@ -84,19 +95,36 @@ def _sweep(args, report: Path, dtypes: list[str], **kw: Any) -> dict[str, Any]:
 def cmd_exhaustive(args) -> int:
     report = Path(args.report) if args.report else default_report_dir("exhaustive")
     cache = None if args.no_cache else (Path(args.cache) if args.cache else True)
-    dtypes = selected_dtypes(split(args.dtypes), args.float32_sample)
+    f32_range, f32_sample = float32_choice(args)
+    dtypes = selected_dtypes(split(args.dtypes), f32_sample, f32_full=f32_range == "full")
     if not dtypes:
-        raise RlxError("exhaustive: --dtypes selects no sweepable dtype (float16, bfloat16; float32 with "
-                       "--float32-sample N)")
+        raise RlxError("exhaustive: --dtypes selects no sweepable dtype (float16, bfloat16; float32 when "
+                       "named, or with --float32-range / --float32-sample N)")
     doc = _sweep(args, report, dtypes,
-                 f32_sample=args.float32_sample, timeout=args.timeout, cache_dir=cache,
-                 reference=not args.no_reference)
+                 f32_sample=f32_sample, f32_range=f32_range, f32_chunk=args.float32_chunk,
+                 timeout=args.timeout, cache_dir=cache, reference=not args.no_reference)
     code = 1 if doc["failed"] else 0
     if args.format == "json":
         out.emit_json("exhaustive", {k: v for k, v in doc.items() if k != "schema"})
         return code
     print_table(doc, args.show)
     return code
+
+
+F32_SAMPLE = 1 << 20  # the float32 sample when float32 is swept without a GPU and without --float32-sample
+
+
+def float32_choice(args) -> tuple[str, int]:
+    """(range, sample) of the float32 leg: float32 is swept when --dtypes names it (float32,
+    f32), --float32-range is given or --float32-sample N > 0 (sample 0: not swept). auto is full
+    where CuPy sees a GPU, else a sample of --float32-sample N (default F32_SAMPLE)."""
+    named = any(g in ("float32", "f32") for g in split(args.dtypes) or [])
+    rng = args.float32_range or ("sample" if args.float32_sample > 0 else "auto" if named else None)
+    if rng is None:
+        return "sample", 0
+    if rng == "auto":
+        rng = "full" if exhaustive_f32.cupy_module() is not None else "sample"
+    return rng, (args.float32_sample or F32_SAMPLE) if rng == "sample" else args.float32_sample
 
 
 def sweep_after_run(args, report: Path) -> dict[str, Any]:

@@ -445,15 +445,31 @@ def stability_view(report: Report) -> dict | None:
             "groups_total": len(groups), "failed": failed}
 
 
+EXHAUSTIVE_FILES = ("exhaustive.json", "exhaustive-float32.json")  # the 16-bit sweep; the float32 one beside it
+
+
 def _exhaustive_doc(report_dir: Path) -> dict | None:
-    p = report_dir / "exhaustive.json"
-    if not p.is_file():
-        return None
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("rows"), list) else None
+    """The sweep documents beside results.json as one: exhaustive.json and, where a float32 sweep
+    was kept apart (the GPU baseline's whole-range sweep), exhaustive-float32.json."""
+    docs = []
+    for name in EXHAUSTIVE_FILES:
+        p = report_dir / name
+        if not p.is_file():
+            continue
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("rows"), list):
+            docs.append(doc)
+    if len(docs) < 2:
+        return docs[0] if docs else None
+    rows = [r for d in docs for r in d["rows"]]
+    runs = [d.get("run") or {} for d in docs]
+    summary = Counter(r.get("outcome") or "error" for r in rows)
+    return {"rows": rows, "summary": dict(summary), "failed": any(d.get("failed") for d in docs),
+            "run": {"dtypes": [t for r in runs for t in r.get("dtypes") or []],
+                    "wall_s": sum(r.get("wall_s") or 0 for r in runs)}}
 
 
 def validate_view(report: Report) -> dict | None:
@@ -494,6 +510,8 @@ def exhaustive_view(doc: dict | None) -> dict | None:
         div = r.get("divergence") or {}
         worst_in = [f"{w.get('input')}" + (f" ({fmt(w['ulp'])} ulp)" if w.get("ulp") is not None else "")
                     for w in (r.get("worst") or [])[:3]]
+        rng = r.get("float32_range")  # float32 rows: all 2^32 patterns or a sample
+        span = "all 2^32" if rng == "full" else f"sample of {r.get('n')}" if rng else ""
         if o == "xfail" and div:
             entry = div.get("entry")
             name = entry if isinstance(entry, str) else f"#{entry}"  # a position, before entries had keys
@@ -507,7 +525,9 @@ def exhaustive_view(doc: dict | None) -> dict | None:
                      "checked": r.get("checked", r.get("n")), "nan": r.get("nan_mismatch"),
                      "inf": r.get("inf_mismatch"), "sz": r.get("signed_zero_mismatch"),
                      "sz_asserted": r.get("signed_zero_asserted", True), "worst": worst_in,
-                     "note": _clip(note, 300), "full": (r.get("message") or note)[:2000]})
+                     "note": _clip(note, 300), "full": (r.get("message") or note)[:2000],
+                     "span": span, "seconds": fmt(r.get("seconds")),
+                     "first_over": (r.get("first_over") or [])[:3], "oracle": r.get("oracle")})
     rows.sort(key=lambda x: x["key"])
     summary = doc.get("summary") or dict(Counter(x["outcome"] for x in rows))
     bad = sum(1 for x in rows if x["outcome"] in EXHAUSTIVE_BAD)

@@ -1,7 +1,9 @@
 """Exhaustive sweeps: every unary float op on all 65,536 float16 and all 65,536 bfloat16 bit
-patterns (optionally a deterministic float32 sample covering every exponent), on the CPU
-reference and on each target, against the precise oracle (precise.py), judged by the op's
-accuracy budget (cases/accuracy.toml).
+patterns and, when asked, on float32: all 2^32 bit patterns (``f32_range="full"``) or a
+deterministic sample covering every exponent, on the CPU reference and on each target, against
+the precise oracle (precise.py), judged by the op's accuracy budget (cases/accuracy.toml).
+float32 jobs run through exhaustive_f32.py: in chunks, with a float64 oracle on CuPy (the GPU) or
+numpy that MPFR completes near float32 rounding boundaries; same rows, same verdicts.
 
 One job per (op, attributes, dtype): a worker process makes the inputs, computes the oracle (or
 loads it from the disk cache: deterministic, keyed by op, attributes, dtype and the oracle's
@@ -49,7 +51,7 @@ from rlx_conformance.judge.accuracy import budget_for, measure
 from rlx_conformance.judge.compare import ulp_distance
 from rlx_conformance.judge.divergences import known_divergence, unexcused
 from rlx_conformance.ops import all_ops, get_op
-from rlx_conformance.run import worker
+from rlx_conformance.run import exhaustive_f32, worker
 
 SCHEMA = "rlx-conformance/exhaustive/v1"
 DTYPES = ("float16", "bfloat16", "float32")
@@ -67,13 +69,14 @@ def default_cache_dir() -> Path:
 
 
 # -- what is swept ---------------------------------------------------------------------------------
-def selected_dtypes(globs: Sequence[str] | None, f32_sample: int = 0) -> list[str]:
+def selected_dtypes(globs: Sequence[str] | None, f32_sample: int = 0, f32_full: bool = False) -> list[str]:
     """The sweep's dtypes for a selection's --dtypes globs (None: all): float16 and bfloat16, and
-    float32 only with a float32 sample (``f32_sample`` > 0), those the globs match. Shared by
+    float32 only with a float32 sample (``f32_sample`` > 0) or the full float32 range
+    (``f32_full``), those the globs match. Shared by
     ``exhaustive``, ``run --exhaustive`` and the nightly, so that one --dtypes means the same to
     all (abbreviations as the matrix takes them: f16, bf16)."""
     globs = matrix.selected_dtypes(globs)
-    every = [d for d in DTYPES if d != "float32" or f32_sample > 0]
+    every = [d for d in DTYPES if d != "float32" or f32_sample > 0 or f32_full]
     return [d for d in every if not globs or any(fnmatch.fnmatchcase(d, g) for g in globs)]
 
 
@@ -106,13 +109,7 @@ def inputs_for(dtype: str, f32_sample: int = 0) -> np.ndarray:
         return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dt.np_dtype(dtype))
     if dtype != "float32":
         raise RlxError(f"exhaustive: no sweep for {dtype} (float16, bfloat16, float32 sample)")
-    per = max(f32_sample // 512, 3)
-    mant = np.unique(np.concatenate([[0, 1, (1 << 23) - 1],
-                                     np.linspace(0, (1 << 23) - 1, per).astype(np.uint64)])).astype(np.uint32)
-    exps = np.arange(256, dtype=np.uint32)
-    bits = (exps[:, None] << 23 | mant[None, :]).reshape(-1)
-    bits = np.concatenate([bits, bits | np.uint32(0x80000000)])
-    return bits.view(np.float32)
+    return exhaustive_f32.sample_bits(f32_sample).view(np.float32)
 
 
 def _attr_label(attrs: dict[str, Any]) -> str:
@@ -202,6 +199,9 @@ def _sweep_job(job: dict[str, Any], send: Callable[[Any], None]) -> None:
     """The sweep's task function (worker.serve applies it to each job in a worker): the inputs
     and the oracle, then each target from ``job["next"]`` on, announced by ("start", i) before it
     runs (a crash or hang is then that target's) and reported as (i, row)."""
+    if job["dtype"] == "float32":
+        _sweep_f32_job(job, send)
+        return
     try:
         x = inputs_for(job["dtype"], job["f32_sample"])
         out_dtype = job["attrs"].get("to", job["dtype"]) if job["op"] == "cast" else job["dtype"]
@@ -217,6 +217,31 @@ def _sweep_job(job: dict[str, Any], send: Callable[[Any], None]) -> None:
         send(("start", i))
         row = _run_one(job, Target.parse(job["targets"][i]), x, want)
         row["oracle_s"] = oracle_s
+        send((i, row))
+
+
+def _sweep_f32_job(job: dict[str, Any], send: Callable[[Any], None]) -> None:
+    """The float32 job: each target through exhaustive_f32.sweep (chunked; the float64 oracle on
+    CuPy or numpy, MPFR for what it leaves undecided), announced and reported as _sweep_job does."""
+    op, attrs = job["op"], job["attrs"]
+    out_dtype = attrs.get("to", "float32") if op == "cast" else "float32"
+    for i in range(job["next"], len(job["targets"])):
+        send(("start", i))
+        target = Target.parse(job["targets"][i])
+        t0 = time.perf_counter()
+        b = get_backend(target.backend)
+
+        def compute(x: np.ndarray) -> np.ndarray:
+            return b.run(op, [x], attrs, target.device, target.mode)[0]
+        try:
+            row = exhaustive_f32.sweep(op, attrs, out_dtype, compute, b.flushes_subnormals(target.device),
+                                       range_=job["f32_range"], sample=job["f32_sample"],
+                                       chunk=job.get("f32_chunk"), oracle=job.get("f32_oracle", "auto"))
+        except UnsupportedError as e:
+            row = {"outcome": "skip", "message": str(e)}
+        except Exception as e:  # noqa: BLE001 — a kernel failure is a row, not a dead sweep
+            row = {"outcome": "error", "message": f"{type(e).__name__}: {e}"}
+        row["seconds"] = round(time.perf_counter() - t0, 3)
         send((i, row))
 
 
@@ -349,7 +374,8 @@ def rejudge(doc: dict[str, Any]) -> dict[str, Any]:
 
 def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
                    dtypes: Sequence[str] | None = None, report_dir: Path | str | None = None, *,
-                   f32_sample: int = 0, workers: int | None = None, timeout: float = 120.0,
+                   f32_sample: int = 0, f32_range: str = "sample", f32_oracle: str = "auto",
+                   f32_chunk: int | None = None, workers: int | None = None, timeout: float = 120.0,
                    cache_dir: Path | str | None | bool = True, reference: bool = True,
                    init: str | None = None, shard: tuple[int, int] | None = None,
                    on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -360,13 +386,17 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
     ``report_dir/exhaustive.json`` when a directory is given. ``cache_dir``: True = the default
     oracle cache (default_cache_dir()), a path, or None/False for none. A row's ``outcome`` is
     one of pass, fail, xfail, xpass, error, crash, timeout, skip; the run failed if any is in
-    SWEEP_FAILING (``doc["failed"]``). ``shard``: (I, N), sweep only the I-th of every N jobs
+    SWEEP_FAILING (``doc["failed"]``). float32: ``f32_range`` "full" (all 2^32 patterns, in
+    chunks of ``f32_chunk``) or "sample" (about ``f32_sample``); ``f32_oracle`` "auto" (CuPy
+    where it sees a GPU, else numpy), "cupy" or "numpy" (exhaustive_f32.py). ``shard``: (I, N), sweep only the I-th of every N jobs
     (op, attributes, dtype), as ``run --shard I/N --exhaustive`` does on each machine."""
     dtypes = list(dtypes or ("float16", "bfloat16"))
     for d in dtypes:
         if d not in DTYPES:
             raise RlxError(f"exhaustive: dtype {d} not sweepable (float16, bfloat16, float32)")
-    if "float32" in dtypes and f32_sample <= 0:
+    if f32_range not in ("sample", "full"):
+        raise RlxError(f"exhaustive: float32 range {f32_range!r} (sample, full)")
+    if "float32" in dtypes and f32_sample <= 0 and f32_range != "full":
         dtypes.remove("float32")
     cache = default_cache_dir() if cache_dir is True else (Path(cache_dir) if cache_dir else None)
     sel = unary_ops(ops)
@@ -378,7 +408,8 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
         for d in dtypes:
             if d in get_op(op).dtypes:
                 jobs.append({"op": op, "attrs": attrs, "dtype": d, "targets": [str(t) for t in tlist],
-                             "next": 0, "f32_sample": f32_sample, "cache": str(cache) if cache else None})
+                             "next": 0, "f32_sample": f32_sample, "f32_range": f32_range,
+                             "f32_oracle": f32_oracle, "f32_chunk": f32_chunk, "cache": str(cache) if cache else None})
     if shard is not None:
         jobs = [j for k, j in enumerate(jobs) if k % shard[1] == shard[0] - 1]
     rows: list[dict[str, Any]] = []
@@ -402,6 +433,9 @@ def run_exhaustive(targets: Sequence[Target], ops: Sequence[str] | None = None,
            "run": run_metadata(start=started.isoformat(timespec="seconds"),
                                wall_s=round(time.perf_counter() - t0, 3), targets=[str(t) for t in tlist],
                                dtypes=dtypes, ops=sorted({op for op, _ in sel}), float32_sample=f32_sample,
+                               **({"float32_range": f32_range,
+                                   "float32_oracle": exhaustive_f32.array_module(f32_oracle)[1]}
+                                  if "float32" in dtypes else {}),
                                workers=n_workers, oracle_version=precise.version(),
                                oracle_cache=str(cache) if cache else None,
                                wide_longdouble=precise.WIDE_LONGDOUBLE,
