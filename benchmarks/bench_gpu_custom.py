@@ -1,29 +1,38 @@
-"""The custom ops on a GPU: MLX's CUDA kernels vs MLX's composed kernels vs MLX on the CPU vs
-the CPU reference, with the achieved memory bandwidth of the memory-bound ops.
+"""The custom ops on a GPU: MLX's CUDA kernels vs MLX's composed kernels vs the CuPy/cuSPARSE
+anchors a CUDA user would pick instead (issue 19 item 3), with achieved memory bandwidth.
 
-    PYTHONPATH=. python benchmarks/bench_gpu_custom.py [--sizes 1e5,1e6,1e7] [--repeat 5]
-                                                       [--ops GLOB,...] [--json PATH] [--budget S]
+    PYTHONPATH=. python benchmarks/bench_gpu_custom.py [--sizes 1e6,1e7,1e8] [--min-time 0.2]
+        [--ops GLOB,...] [--columns cuda,composed,anchor] [--json PATH] [--tag NAME]
 
-Columns (median wall seconds of the kernel on arrays already in place, one ``mx.eval``; the
-first call of each configuration is a warm-up: NVRTC compiles, allocator):
+Methodology (the same for every column, MLX and CuPy): inputs are made and moved to the device
+once, outside the timing; the op's callable (kernel objects, parameter arrays) is built before
+the timed region; three warm-up calls (NVRTC compiles, allocator, caches) are discarded; then
+``mx.synchronize()`` (CuPy: the stream's synchronize), a batch of ``k`` calls each queued with
+``mx.async_eval`` (CuPy: enqueued on the stream), ``mx.synchronize()`` again: one sample is the
+batch's wall time over ``k``, i.e. the steady per-call cost of a caller that keeps the GPU busy
+(the larger of the host's launch path and the GPU time). ``k`` adapts so that one batch takes
+at least --min-time/10 s and 10 samples at least --min-time s; the table gives the median and
+the p10-p90 spread of the samples.
 
-* ``cuda``: the MLX kernel on the GPU stream with the CUDA kernels (backends/mlx/cuda_kernels.py);
-* ``composed``: the same kernel on the GPU with RLX_MLX_CUDA_KERNELS=0 (MLX ops only: scatter
-  through atomics, gathers through take / fancy indexing);
-* ``mlx_cpu``: the composed kernel on MLX's CPU stream;
-* ``ref``: the CPU reference kernel (numpy/scipy) on numpy arrays.
+Columns: ``cuda``: the MLX kernel on the GPU stream with the CUDA kernels
+(backends/mlx/cuda_kernels.py); ``cuda_sort``: the scatters' previous design
+(RLX_MLX_CUDA_SCATTER=sort: mx.sort of the keys); ``composed``: the same with RLX_MLX_CUDA_KERNELS=0 (MLX ops
+only); ``anchor``: what a CUDA user would call instead: ``cupy.take`` (gathers; GatherND as
+``take`` of rows), ``cupy.add.at`` (atomic scatter-add, nondeterministic), cuSPARSE CSR SpMV
+through ``cupyx.scipy.sparse.csr_matrix @ x`` (mat_vec), and ``u[rows] * v[cols]`` with the row
+of each entry precomputed (values_grad; two CuPy gathers and a multiply). CuPy is imported only
+when the anchor column is asked for (it is not on the development machines).
 
 Sizes are elements of the index/data arrays for the ONNX ops (float32 data, int64 indices;
 scatters with reduction add over random indices, so duplicates accumulate; GatherND/ScatterND
-gather or scatter rows of 16 floats), stored nonzeros for mat_vec / values_grad / cg_solve
-(random banded CSR, 8 entries a row, diagonally dominant; CG runs a fixed 20 iterations), and
-n for lu_solve (dense LU on MLX's CPU stream: MLX linalg has no GPU kernels).
-
-``GB/s`` is the minimal traffic of the op (each input read once, each output written once; the
-sort and the key array of the deterministic scatter are not counted) over the ``cuda`` time,
-and ``% peak`` that against the H200's HBM3e peak of 4.8 TB/s. ``stable`` says whether three
-runs of the GPU kernel gave bit-identical results (cuda / composed). CPU columns that would take
-longer than --budget seconds a call (extrapolated from the previous size) are skipped ("-").
+gather or scatter rows of 16 floats) and stored nonzeros for mat_vec / values_grad / cg_solve
+(random banded CSR, 8 entries a row, diagonally dominant). ``GB/s`` is the op's minimal traffic
+(each input read once, each output written once; the deterministic scatter's keys and sort not
+counted) over the median time, ``%peak`` that against the H200's HBM3e peak of 4.8 TB/s.
+``stable`` says whether three runs gave bit-identical results (cuda / composed), checked at the
+smallest size. cg_solve: the time of one iteration (the difference of max_iter 24 and 8, over
+16) against the sum of its parts timed alone the same way: one SpMV and the iteration's vector
+operations (two dot products, three axpys, the convergence test).
 """
 from __future__ import annotations
 
@@ -37,6 +46,7 @@ import time
 import numpy as np
 
 PEAK_GBS = 4800.0
+SCATTER_ENV = "RLX_MLX_CUDA_SCATTER"  # cuda_kernels.SCATTER_ENV (absent from older versions)
 ROW = 16  # GatherND / ScatterND slice width
 
 
@@ -91,32 +101,133 @@ def inputs(op: str, size: int):
     raise KeyError(op)
 
 
-def timed(fn, repeat: int, budget: float, gpu: bool = False) -> float:
-    """Median of ``repeat`` calls after one warm-up. On the CPU, a single call when the first
-    takes > budget/4 (no JIT there: the first call is representative); on the GPU the warm-up
-    (NVRTC compiles, allocator) is always discarded."""
-    t = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t
-    if first > budget / 4 and not gpu:
-        return first
-    ts = []
-    for _ in range(repeat):
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    i = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
+    return xs[i]
+
+
+def sample(batch, min_time: float) -> dict[str, float]:
+    """``batch(k)`` runs k calls between two device synchronisations (timed by the caller's
+    clock here). Warm-up: three single calls. Then k doubles until a batch takes min_time/10,
+    and batches repeat until 10 samples and min_time have passed (at most 200 samples)."""
+    for _ in range(3):
+        batch(1)
+    k = 1
+    while True:
         t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+        batch(k)
+        dt_ = time.perf_counter() - t
+        if dt_ >= min_time / 10 or k >= 1 << 14:
+            break
+        k *= 2
+    ts: list[float] = []
+    t_all = time.perf_counter()
+    while len(ts) < 10 or (time.perf_counter() - t_all < min_time and len(ts) < 200):
+        t = time.perf_counter()
+        batch(k)
+        ts.append((time.perf_counter() - t) / k)
+    return {"median": statistics.median(ts), "p10": percentile(ts, 0.1),
+            "p90": percentile(ts, 0.9), "calls": k * len(ts)}
+
+
+def mlx_batch(fn):
+    """A batch of k calls of ``fn`` (returns an MLX array, unevaluated), each queued with
+    mx.async_eval, between two mx.synchronize()."""
+    import mlx.core as mx
+
+    def batch(k: int) -> None:
+        mx.synchronize()
+        for _ in range(k):
+            out = fn()
+            mx.async_eval(out)
+        mx.synchronize()
+    return batch
+
+
+def cupy_batch(fn):
+    import cupy as cp
+
+    def batch(k: int) -> None:
+        cp.cuda.get_current_stream().synchronize()
+        for _ in range(k):
+            fn()
+        cp.cuda.get_current_stream().synchronize()
+    return batch
+
+
+def anchor_fn(op: str, ins: list, attrs: dict):
+    """The CuPy/cuSPARSE call a CUDA user would make for op, on device copies made here (outside
+    the timing); None for ops without one."""
+    import cupy as cp
+    from cupyx.scipy import sparse as cps
+
+    if op == "onnx.GatherElements":
+        data, idx = cp.asarray(ins[0]), cp.asarray(ins[1] % ins[0].shape[0])
+        return lambda: cp.take(data, idx)
+    if op == "onnx.GatherND":
+        data, idx = cp.asarray(ins[0]), cp.asarray(ins[1][:, 0] % ins[0].shape[0])
+        return lambda: cp.take(data, idx, axis=0)
+    if op in ("onnx.ScatterElements", "onnx.ScatterND"):
+        data, upd = cp.asarray(ins[0]), cp.asarray(ins[2])
+        idx = cp.asarray(ins[1].reshape(-1) % ins[0].shape[0])
+
+        def scatter():
+            out = data.copy()  # the op returns a new array, as the MLX kernels do
+            cp.add.at(out, idx, upd)
+            return out
+        return scatter
+    if op in ("rlx_sparse.mat_vec", "rlx_sparse.values_grad"):
+        v = ins[0] if op == "rlx_sparse.mat_vec" else np.ones(ins[0].size, np.float32)
+        col, rp = (ins[1], ins[2]) if op == "rlx_sparse.mat_vec" else (ins[0], ins[1])
+        n = rp.size - 1
+        if op == "rlx_sparse.mat_vec":
+            a = cps.csr_matrix((cp.asarray(v), cp.asarray(col), cp.asarray(rp)), shape=(n, ins[3].size))
+            x = cp.asarray(ins[3])
+            return lambda: a @ x
+        rows = cp.asarray(np.repeat(np.arange(n, dtype=np.int32), np.diff(rp)))
+        cols, u, w = cp.asarray(col), cp.asarray(ins[2]), cp.asarray(ins[3])
+        return lambda: u[rows] * w[cols]
+    return None
+
+
+def cg_parts(mx, margs, attrs, entry, min_time: float) -> dict[str, float]:
+    """cg_solve's per-iteration time and its parts (SpMV, vector ops), each timed by sample()."""
+    from rlx_conformance.backends.mlx import custom
+
+    values, col, rp, b = margs
+    t24 = sample(mlx_batch(lambda: entry.fn(*margs, max_iter=24, tol=attrs["tol"])), min_time)
+    t8 = sample(mlx_batch(lambda: entry.fn(*margs, max_iter=8, tol=attrs["tol"])), min_time)
+    spmv = sample(mlx_batch(lambda: custom.mat_vec(values, col, rp, b)), min_time)
+    x, r, p = b * 0.5, b, b * 0.25
+    mx.eval(x, r, p)
+    rs = mx.sum(r * r)
+    done = mx.sqrt(rs) < attrs["tol"]
+    one = mx.ones_like(rs)
+
+    def vec():  # the vector ops of one iteration of custom.cg_solve, ap given
+        ap = p
+        alpha = rs / mx.where(done, one, mx.sum(p * ap))
+        x_new, r_new = x + alpha * p, r - alpha * ap
+        rs_new = mx.sum(r_new * r_new)
+        p_new = r_new + (rs_new / mx.where(done, one, rs)) * p
+        return [mx.where(done, x, x_new), mx.where(done, r, r_new), mx.where(done, p, p_new),
+                done | (mx.sqrt(rs_new) < attrs["tol"])]
+    vops = sample(mlx_batch(vec), min_time)
+    it = (t24["median"] - t8["median"]) / 16
+    return {"iter": it, "spmv": spmv["median"], "vec": vops["median"],
+            "ratio": it / (spmv["median"] + vops["median"]), "cg24": t24["median"], "cg8": t8["median"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1e5,1e6,1e7")
-    ap.add_argument("--lu-sizes", default="100,300,1000")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--ops", default="onnx.*,rlx_sparse.*")
+    ap.add_argument("--sizes", default="1e6,1e7,1e8")
+    ap.add_argument("--min-time", type=float, default=0.2, help="seconds of samples a column")
+    ap.add_argument("--ops", default="onnx.*,rlx_sparse.mat_vec,rlx_sparse.values_grad,rlx_sparse.cg_solve")
+    ap.add_argument("--columns", default="cuda,cuda_sort,composed,anchor",
+                    help="columns to measure (cuda_sort: the scatters with RLX_MLX_CUDA_SCATTER=sort)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--budget", type=float, default=6.0, help="seconds a CPU column may take a call")
-    ap.add_argument("--columns", default="cuda,composed,mlx_cpu,ref", help="columns to measure")
+    ap.add_argument("--tag", default="", help="a label stored in the JSON (e.g. before/after)")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -127,74 +238,84 @@ def main() -> None:
     from rlx_conformance.core import dtypes as dt
     from rlx_conformance.ops import all_ops
 
-    cpu, mlx = backends.get_backend("cpu"), backends.get_backend("mlx")
+    mlx = backends.get_backend("mlx")
     gpu = ck.available()
+    dev = mx.gpu if gpu else mx.cpu  # without a GPU: a smoke run of the composed kernels
+    cols = args.columns.split(",")
     sizes = [int(float(s)) for s in args.sizes.split(",")]
-    lu_sizes = [int(s) for s in args.lu_sizes.split(",")]
-    stable_size = max([s for s in sizes if s <= 10**6] or sizes[:1])  # where "stable" is checked
-    ops = [s.name for s in all_ops() if s.family == "custom"
+    ops = [s.name for s in all_ops() if s.family == "custom" and s.name != "rlx_sparse.lu_solve"
            and any(fnmatch.fnmatchcase(s.name, p) for p in args.ops.split(","))]
-    info = {"mlx": mx.__version__, "cuda_kernels": gpu,
-            "device": str(mx.device_info()) if gpu else "no CUDA GPU"}
+    info = {"tag": args.tag, "mlx": mx.__version__, "cuda_kernels": gpu,
+            "kernel_version": getattr(ck, "VERSION", "?"),
+            "device": str(mx.device_info()) if gpu else "no CUDA GPU", "min_time": args.min_time}
+    if "anchor" in cols:
+        import cupy as cp
+        info["cupy"] = cp.__version__
     print(json.dumps(info), flush=True)
-    print(f"{'op':24} {'size':>9} {'cuda':>9} {'composed':>9} {'mlx_cpu':>9} {'ref':>9} "
+    print(f"{'op':24} {'size':>9} {'col':>8} {'median ms':>10} {'p10':>8} {'p90':>8} "
           f"{'GB/s':>7} {'%peak':>6} stable", flush=True)
+    def measure_mlx(r, col, op, entry, margs, attrs, check_stable: bool) -> None:
+        os.environ[ck.ENV] = "0" if col == "composed" else "1"
+        os.environ[SCATTER_ENV] = "sort" if col == "cuda_sort" else "count"
+        try:
+            with mx.stream(dev):
+                if op == "rlx_sparse.cg_solve":
+                    r.update(cg_parts(mx, margs, attrs, entry, args.min_time))
+                    r["median"] = r["iter"]
+                else:
+                    r.update(sample(mlx_batch(lambda: entry.fn(*margs, **attrs)), args.min_time))
+                if check_stable:
+                    outs = [to_numpy(entry.fn(*margs, **attrs)) for _ in range(3)]
+                    r["stable"] = all(np.array_equal(outs[0].view(np.uint8), o.view(np.uint8))
+                                      for o in outs[1:])
+        finally:
+            os.environ[ck.ENV] = "1"
+            os.environ.pop(SCATTER_ENV, None)
+
     rows = []
     for op in ops:
         entry = mlx.kernels[op]
-        prev: dict[str, float] = {}
-        for size in (lu_sizes if op == "rlx_sparse.lu_solve" else sizes):
+        for size in sizes:
             ins, attrs, nbytes = inputs(op, size)
-            r = {"op": op, "size": size, "bytes": nbytes}
             dts = [dt.name_of(x.dtype) for x in ins]
-
-            def run_on(stream, cuda: bool):
-                os.environ[ck.ENV] = "1" if cuda else "0"
-                with mx.stream(stream):
-                    margs = [to_mlx(x, d) for x, d in zip(ins, dts)]
-                    mx.eval(margs)
-                    return lambda: mx.eval(entry.fn(*margs, **attrs)), \
-                        lambda: to_numpy(entry.fn(*margs, **attrs))
-
-            on_gpu = gpu and mlx.stream_for(entry, dts, "gpu") == "gpu"
-            for col, stream, cuda in (("cuda", mx.gpu, True), ("composed", mx.gpu, False),
-                                      ("mlx_cpu", mx.cpu, False)):
-                if (col != "mlx_cpu" and not on_gpu) or col not in args.columns.split(","):
+            with mx.stream(dev):
+                margs = [to_mlx(x, d) for x, d in zip(ins, dts)]
+                mx.eval(margs)
+            for col in cols:
+                r = {"op": op, "size": size, "col": col, "bytes": nbytes}
+                if col == "cuda_sort" and "Scatter" not in op:
                     continue
-                if col == "mlx_cpu" and prev.get(col, 0) * 12 > args.budget:
-                    r[col] = None
+                try:
+                    if col == "anchor":
+                        fn = anchor_fn(op, ins, attrs)
+                        if fn is None:
+                            continue
+                        r.update(sample(cupy_batch(fn), args.min_time))
+                        del fn
+                        import cupy as cp
+                        cp.get_default_memory_pool().free_all_blocks()
+                    else:
+                        measure_mlx(r, col, op, entry, margs, attrs, size == sizes[0])
+                except Exception as e:  # noqa: BLE001 — one failing column must not end the run
+                    r["error"] = f"{type(e).__name__}: {e}"[:500]
+                    print(f"{op:24} {size:>9} {col:>8} ERROR {r['error']}", flush=True)
+                    rows.append(r)
                     continue
-                go, get = run_on(stream, cuda)
-                with mx.stream(stream):
-                    r[col] = timed(go, args.repeat, args.budget, gpu=col != "mlx_cpu")
-                    if col in ("cuda", "composed") and size == stable_size:
-                        outs = [get() for _ in range(3)]
-                        r[f"stable_{col}"] = all(np.array_equal(outs[0].view(np.uint8), o.view(np.uint8))
-                                                 for o in outs[1:])
-                prev[col] = r[col]
-            os.environ[ck.ENV] = "1"
-            if "ref" not in args.columns.split(","):
-                pass
-            elif prev.get("ref", 0) * 12 > args.budget:
-                r["ref"] = None
-            else:
-                fn = cpu.kernels[op].fn
-                r["ref"] = timed(lambda: fn(*[x.copy() for x in ins], **attrs), min(args.repeat, 3), args.budget)
-                prev["ref"] = r["ref"]
-            if nbytes and r.get("cuda"):
-                r["gbs"] = nbytes / r["cuda"] / 1e9
-                r["peak"] = 100 * r["gbs"] / PEAK_GBS
-            rows.append(r)
-
-            def f(v):
-                return "-" if v is None else f"{v:.5f}"
-            st = "/".join({True: "yes", False: "NO"}.get(r.get(f"stable_{c}"), ".") for c in ("cuda", "composed"))
-            print(f"{op:24} {size:>9} {f(r.get('cuda')):>9} {f(r.get('composed')):>9} "
-                  f"{f(r.get('mlx_cpu')):>9} {f(r.get('ref')):>9} "
-                  f"{r['gbs'] if 'gbs' in r else 0:>7.0f} {r.get('peak', 0):>6.1f} {st}", flush=True)
-            if args.json:
-                with open(args.json, "w") as fh:
-                    json.dump({"info": info, "rows": rows}, fh, indent=1)
+                if nbytes:
+                    r["gbs"] = nbytes / r["median"] / 1e9
+                    r["peak"] = 100 * r["gbs"] / PEAK_GBS
+                rows.append(r)
+                extra = f" cg: iter/(spmv+vec) {r['ratio']:.2f}" if "ratio" in r else ""
+                med = r["median"]
+                stable = {True: "yes", False: "NO"}.get(r.get("stable"), ".")
+                print(f"{op:24} {size:>9} {col:>8} {1e3 * med:>10.4f} {1e3 * r.get('p10', med):>8.4f} "
+                      f"{1e3 * r.get('p90', med):>8.4f} {r.get('gbs', 0):>7.0f} {r.get('peak', 0):>6.1f} "
+                      f"{stable}{extra}", flush=True)
+                if args.json:
+                    with open(args.json, "w") as fh:
+                        json.dump({"info": info, "rows": rows}, fh, indent=1)
+            del margs
+            mx.clear_cache()
 
 
 if __name__ == "__main__":

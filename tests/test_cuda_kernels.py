@@ -5,7 +5,9 @@ Without a CUDA GPU (CI, the development machines) the kernels' host side is stil
 same loops, mx.sort replaced by np.sort), on the matrix's own cases of each op, and the result
 must equal the CPU reference bit for bit (mat_vec: within the op's own judge). On MLX's CUDA
 build the real kernels run the same cases on the GPU, in every mode, against the reference, and
-twice more to show the results are bit-identical run to run.
+twice more to show the results are bit-identical run to run (the scatters both ways, counting
+and sort). tests/test_cuda_kernels.py also compiles nothing: the CUDA sources are checked by the
+GPU tests, and by ``nvcc`` where one is installed (test_sources_compile_with_nvcc).
 """
 from __future__ import annotations
 
@@ -44,24 +46,54 @@ def _np(a):
     return to_numpy(a)
 
 
+def _reduce(red, a, u, dtype):
+    """rlx_reduce: 0 none, 1 add, 2 mul (integers wrap), 3 max, 4 min (NaN propagates)."""
+    if red == 0:
+        return u
+    if red == 1:
+        return np.add(a, u, dtype=dtype)
+    if red == 2:
+        return np.multiply(a, u, dtype=dtype)
+    if red == 3:
+        return a if (a >= u or a != a) else u
+    return a if (a <= u or a != a) else u
+
+
+def _target(kind, m, idx, q):
+    """rlx_target: the flat data cell of each update m."""
+    if kind == 0:
+        r, ax, s = q[:3]
+        ishape, dstride = q[3:3 + r], q[3 + r:3 + 2 * r]
+        rem, t = m.copy(), np.zeros_like(m)
+        for d in range(r - 1, -1, -1):
+            c = rem % ishape[d]
+            rem //= ishape[d]
+            t += (_fix(idx[m], s) if d == ax else c) * dstride[d]
+        return t
+    k, S = q[:2]
+    sizes, strides = q[2:2 + k], q[2 + k:2 + 2 * k]
+    row, t = m // S, m % S
+    for j in range(k):
+        t = t + _fix(idx[row * k + j], sizes[j]) * strides[j]
+    return t
+
+
 def _emulate(pl):
     """Run a plan's kernel body in numpy (vectorised where the kernel's threads are independent)."""
     p = pl["params"]
     ins = [_np(a) if isinstance(a, mx.array) else a for a in pl["inputs"]]
     name = pl["name"]
-    if name in ("gather_elements", "scatter_elements_keys"):
+    if name == "gather_elements":
         r, ax, total, s = p[:4]
         ishape, dstride = p[4:4 + r], p[4 + r:4 + 2 * r]
-        idx = ins[-1 if name == "gather_elements" else 0].reshape(-1).astype(np.int64)
+        idx = ins[1].reshape(-1).astype(np.int64)
         e = np.arange(total, dtype=np.int64)
         rem, off = e.copy(), np.zeros_like(e)
         for d in range(r - 1, -1, -1):
             q = rem % ishape[d]
             rem //= ishape[d]
             off += (_fix(idx, s) if d == ax else q) * dstride[d]
-        if name == "gather_elements":
-            return ins[0].reshape(-1)[off].reshape(pl["out_shape"])
-        return (off * total + e).astype(pl["out_dtype"])
+        return ins[0].reshape(-1)[off].reshape(pl["out_shape"])
     if name == "gather_nd":
         total, J, k, S, bstride = p[:5]
         sizes, strides = p[5:5 + k], p[5 + k:5 + 2 * k]
@@ -72,33 +104,45 @@ def _emulate(pl):
         for j in range(k):
             off += _fix(idx[t * k + j], sizes[j]) * strides[j]
         return ins[0].reshape(-1)[off].reshape(pl["out_shape"])
-    if name == "scatter_nd_keys":
-        M, k, S = p[:3]
-        sizes, strides = p[3:3 + k], p[3 + k:3 + 2 * k]
-        idx = ins[0].reshape(-1).astype(np.int64)
+    if name in ("scatter_keys", "scatter_count", "scatter_place"):
+        M, B = p[:2]
         m = np.arange(M, dtype=np.int64)
-        q, t = m // S, m % S
-        for j in range(k):
-            t = t + _fix(idx[q * k + j], sizes[j]) * strides[j]
-        return (t * M + m).astype(pl["out_dtype"])
-    if name == "scatter_apply":
+        t = _target(dict(pl["templates"])["KIND"], m, ins[0].reshape(-1).astype(np.int64), p[2:])
+        N = pl["outputs"][1 if name == "scatter_keys" else 0][0][0]
+        assert pl["init"] == 0 and (t >= 0).all() and (t < N).all()
+        if name == "scatter_keys":
+            assert pl["outputs"][1][1] == "uint8" and B == ck.key_bits(M) and M <= (1 << B)
+            hit = np.zeros(N, np.uint8)
+            hit[t] = 1
+            return ((t << B) | m).astype(pl["out_dtype"]), hit
+        if name == "scatter_count":
+            return np.bincount(t, minlength=N).astype(pl["out_dtype"])
+        start = ins[1].astype(np.int64)
+        cursor, perm = np.zeros(N, np.int64), np.zeros(M, np.int64)
+        for j in np.random.default_rng(M).permutation(M):  # atomics hand out slots in any order
+            perm[start[t[j]] + cursor[t[j]]] = j
+            cursor[t[j]] += 1
+        return cursor.astype(pl["out_dtype"]), perm.astype(pl["out_dtype"])
+    if name == "scatter_runs":
         N, M, red = p
-        data, upd, keys = (x.reshape(-1) for x in ins)
+        data, upd, count, start, perm = (x.reshape(-1) for x in ins)
         out = data.copy()
         with np.errstate(all="ignore"):
-            for key in keys.astype(np.int64):  # sorted: by target, then update position
-                i, m = divmod(int(key), M)
-                a, u = out[i], upd[m]
-                if red == 0:
-                    out[i] = u
-                elif red == 1:
-                    out[i] = np.add(a, u, dtype=out.dtype)
-                elif red == 2:
-                    out[i] = np.multiply(a, u, dtype=out.dtype)
-                elif red == 3:
-                    out[i] = a if (a >= u or a != a) else u
-                else:
-                    out[i] = a if (a <= u or a != a) else u
+            for i in np.flatnonzero(count):
+                for j in sorted(perm[start[i]:start[i] + count[i]]):  # the kernel's sort
+                    out[i] = _reduce(red, out[i], upd[j], out.dtype)
+        return out.reshape(pl["out_shape"]), np.zeros(M, pl["outputs"][1][1])
+    if name == "scatter_apply":
+        N, M, red, B = p
+        data, upd, keys, hit = (x.reshape(-1) for x in ins)
+        out = np.where(hit.astype(bool), np.zeros_like(data), data)  # targeted cells: from runs
+        assert pl["grid"][0] >= max(N, M)
+        with np.errstate(all="ignore"):
+            for j, key in enumerate(keys.astype(np.int64)):  # sorted: by target, then position
+                i, m = int(key) >> B, int(key) & ((1 << B) - 1)
+                if j == 0 or (int(keys[j - 1]) >> B) != i:
+                    out[i] = data[i]  # a run's first update starts from data
+                out[i] = _reduce(red, out[i], upd[m], out.dtype)
         return out.reshape(pl["out_shape"])
     if name == "spmv":
         n, ncols, nnz = p
@@ -118,13 +162,17 @@ def _emulate(pl):
     if name == "values_grad":
         nnz, n, m = p
         col, rp, u, v = ins
-        k = np.arange(nnz)
-        row = _fix(np.searchsorted(rp.astype(np.int64), k, side="right") - 1, n)
-        return u[row] * v[_fix(col.astype(np.int64), m)]
+        assert pl["grid"][0] >= n * dict(pl["templates"])["L"]
+        out = np.full(nnz, np.nan, u.dtype)  # an entry no row covers would stay unwritten
+        for row in range(n):
+            a = int(np.clip(rp[row], 0, nnz))
+            b = min(max(int(rp[row + 1]), a), nnz)
+            out[a:b] = u[row] * v[_fix(col[a:b].astype(np.int64), m)]
+        return out
     raise KeyError(name)
 
 
-def _emulated_op(op, inputs, attrs):
+def _emulated_op(op, inputs, attrs, method="count"):
     """The CUDA path of the op, each launch emulated; inputs are numpy (compute dtypes)."""
     a = [to_mlx(x, dt.name_of(x.dtype)) for x in inputs]
     if op == "onnx.GatherElements":
@@ -132,13 +180,19 @@ def _emulated_op(op, inputs, attrs):
     if op == "onnx.GatherND":
         return _emulate(ck.plan_gather_nd(a[0], a[1], attrs["batch_dims"]))
     if op in ("onnx.ScatterElements", "onnx.ScatterND"):
-        if op == "onnx.ScatterElements":
-            keys = _emulate(ck.plan_scatter_elements_keys(a[0], a[1], attrs["axis"] % a[0].ndim))
-        else:
-            k = a[1].shape[-1]
-            keys = _emulate(ck.plan_scatter_nd_keys(a[0], a[1].reshape(-1, k), a[2].size))
-        skeys = mx.array(np.sort(keys))
-        return _emulate(ck.plan_scatter_apply(a[0], a[2].reshape(-1), skeys, attrs["reduction"]))
+        data, upd = a[0], a[2].reshape(-1)
+        idx, ax = (a[1], attrs["axis"] % a[0].ndim) if op == "onnx.ScatterElements" else \
+            (a[1].reshape(-1, a[1].shape[-1]), None)
+        M = a[2].size
+        if method == "sort":
+            keys, hit = _emulate(ck.plan_scatter_keys(data, idx, ax, M))
+            return _emulate(ck.plan_scatter_apply(data, upd, mx.array(np.sort(keys)), mx.array(hit),
+                                                  attrs["reduction"]))
+        count = _emulate(ck.plan_scatter_count(data, idx, ax, M))
+        start = np.asarray(ck.exclusive_scan(mx.array(count)))
+        _, perm = _emulate(ck.plan_scatter_place(data, idx, ax, M, mx.array(start)))
+        return _emulate(ck.plan_scatter_runs(data, upd, mx.array(count), mx.array(start),
+                                             mx.array(perm), attrs["reduction"]))[0]
     if op == "rlx_sparse.mat_vec":
         return _emulate(ck.plan_spmv(*a))
     if op == "rlx_sparse.values_grad":
@@ -153,9 +207,11 @@ def _judge(case, inputs, expected, actual):
     return ok, "; ".join(c.message for c in comps if c.message)
 
 
-@pytest.mark.parametrize("op", OPS[:-1])
+@pytest.mark.parametrize("op", OPS[:-1] + ["onnx.ScatterElements:sort", "onnx.ScatterND:sort"])
 def test_emulated_kernels_match_the_reference(op):
-    """The plans' params, grids and key encodings, executed in numpy, reproduce the reference."""
+    """The plans' params, grids and key encodings, executed in numpy, reproduce the reference
+    (the scatters both ways: counting, its atomics emulated in a shuffled order, and sort)."""
+    op, _, method = op.partition(":")
     spec = get_op(op)
     n = 0
     for case in _cases(op):
@@ -170,17 +226,70 @@ def test_emulated_kernels_match_the_reference(op):
             continue  # the kernels are not launched on empty inputs (custom.py returns early)
         if op == "rlx_sparse.mat_vec" and (inputs[0].size == 0 or expected.size > 400):
             continue  # the emulated shuffle tree runs in Python: keep it small
-        actual = _emulated_op(op, inputs, case.attr_dict).astype(expected.dtype)
+        actual = _emulated_op(op, inputs, case.attr_dict, method or "count").astype(expected.dtype)
         ok, msg = _judge(case, inputs, [expected], [actual])
         assert ok, f"{case.id}: {msg}"
         n += 1
     assert n > 0
 
 
+@pytest.mark.parametrize("method", ["count", "sort"])
+@pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND"])
+def test_emulated_scatters_apply_duplicates_in_update_order(op, method):
+    """Many duplicates a cell (runs past RUN, so the heapsort branch), every reduction, float32
+    and int64: the emulated kernels give the reference's bits exactly, i.e. the updates of a
+    cell are applied in update order whatever order the atomics hand out the slots."""
+    rng = np.random.default_rng(7)
+    m = 3000
+    for red in ("none", "add", "mul", "max", "min"):
+        for dtype in (np.float32, np.int64):
+            def draw(shape):
+                x = rng.standard_normal(shape) * (1 if red == "mul" else 1000)
+                return (x if dtype is np.float32 else np.rint(x)).astype(dtype)
+            if op == "onnx.ScatterElements":
+                ins = [draw((40, 3)), rng.integers(-40, 40, (m, 3)), draw((m, 3))]
+                attrs = {"axis": 0, "reduction": red}
+            else:
+                ins = [draw((40, 3)), rng.integers(-40, 40, (m, 1)), draw((m, 3))]
+                attrs = {"reduction": red}
+            (expected,) = CPU.run(op, [x.copy() for x in ins], attrs)
+            actual = np.asarray(_emulated_op(op, ins, attrs, method))
+            assert np.array_equal(expected.view(np.uint8), actual.astype(expected.dtype).view(np.uint8)), \
+                (red, dtype)
+
+
 def test_key_dtype_and_lanes():
-    assert ck.key_dtype(2**16, 2**14) == "int32" and ck.key_dtype(2**16, 2**15) == "int64"
+    assert ck.key_dtype(2**16, 2**15) == "int32" and ck.key_dtype(2**16, 2**15 + 1) == "int64"
+    assert [ck.key_bits(m) for m in (0, 1, 2, 3, 4, 5, 2**20, 2**20 + 1)] == [1, 1, 1, 2, 2, 3, 20, 21]
     assert [ck.lanes(10, k) for k in (0, 10, 11, 80, 10**6)] == [1, 1, 2, 8, 32]
     assert not ck.available() or mx.default_device().type == mx.gpu
+
+
+def test_params_arrays_are_made_once_per_parameter_vector(monkeypatch):
+    monkeypatch.setattr(ck, "_params", {})
+    a = ck.params_array([3, 1, 4])
+    assert ck.params_array([3, 1, 4]) is a and a.dtype == mx.int64 and a.tolist() == [3, 1, 4]
+    assert ck.params_array([3, 1, 5]) is not a
+    monkeypatch.setattr(ck, "PARAMS_CACHE", 2)
+    ck.params_array([9])  # the cache is full: cleared, then this one kept
+    assert list(ck._params) == [(9,)]
+
+
+@pytest.mark.parametrize("n", [1, 5, ck.SCAN_ROW, ck.SCAN_ROW + 1, 3 * ck.SCAN_ROW - 7, 10 * ck.SCAN_ROW])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_exclusive_scan(n, dtype):
+    a = np.random.default_rng(n).integers(0, 5, n).astype(dtype)
+    got = ck.exclusive_scan(mx.array(a))
+    assert got.dtype == getattr(mx, dtype) and got.shape == (n,)
+    assert np.array_equal(np.asarray(got), np.concatenate([[0], np.cumsum(a)[:-1]]).astype(dtype))
+
+
+def test_scatter_method_switch(monkeypatch):
+    monkeypatch.delenv(ck.SCATTER_ENV, raising=False)
+    assert ck.scatter_method() == "count"
+    for v, want in (("sort", "sort"), (" SORT ", "sort"), ("count", "count"), ("bogus", "count")):
+        monkeypatch.setenv(ck.SCATTER_ENV, v)
+        assert ck.scatter_method() == want
 
 
 def test_inactive_without_cuda_or_when_disabled(monkeypatch):
@@ -218,6 +327,62 @@ def test_validate_entry_points_wrap_the_custom_kernels():
                 (np.array([0, 1], np.int32), "int32"), (np.ones(1, np.float32), "float32"))])
 
 
+# CUDA types of the dtypes used below, as MLX's dtype_to_cuda_type spells them
+_CUDA_TYPES = {"float32": "float", "int64": "int64_t", "int32": "int32_t", "uint8": "uint8_t",
+               "uint64": "uint64_t"}
+# kernel -> (inputs' dtypes, outputs' dtypes, templates): each kernel once, the index widths and
+# KINDs varied across them
+_NVCC = {
+    "gather_elements": (["float32", "int64"], ["float32"],
+                        [("T", "float32"), ("I", "int64"), ("IDX", "int32")]),
+    "gather_nd": (["float32", "int64"], ["float32"],
+                  [("T", "float32"), ("I", "int64"), ("IDX", "int64")]),
+    "scatter_keys": (["int64"], ["int64", "uint8"],
+                     [("I", "int64"), ("IDX", "int32"), ("KIND", 0), ("K", "int64")]),
+    "scatter_count": (["int32"], ["int64"], [("I", "int32"), ("IDX", "int64"), ("KIND", 1)]),
+    "scatter_place": (["int64", "int32"], ["int32", "int32"],
+                      [("I", "int64"), ("IDX", "int32"), ("KIND", 0)]),
+    "scatter_runs": (["int64", "int64", "int64", "int64", "int64"], ["int64", "int64"],
+                     [("T", "int64"), ("U", "uint64"), ("IDX", "int64"), ("RUN", 16)]),
+    "scatter_apply": (["float32", "float32", "int64", "uint8"], ["float32"],
+                      [("T", "float32"), ("U", "float32"), ("K", "int64"), ("IDX", "int32")]),
+    "spmv": (["float32", "int32", "int32", "float32"], ["float32"],
+             [("T", "float32"), ("C", "int32"), ("R", "int32"), ("X", "float32"), ("L", 8),
+              ("IDX", "int32")]),
+    "values_grad": (["int32", "int32", "float32", "float32"], ["float32"],
+                    [("T", "float32"), ("V", "float32"), ("C", "int32"), ("R", "int32"), ("L", 4),
+                     ("IDX", "int64")]),
+}
+
+
+def test_sources_compile_with_nvcc(tmp_path):
+    """Every kernel source, wrapped as MLX's build_kernel wraps it (the header, a __global__
+    signature of const inputs then outputs, the template arguments as constants), compiles with
+    nvcc for sm_90: the GPU is not needed to catch a typo or a type error in a kernel body."""
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc here")
+    assert set(_NVCC) == set(ck.SOURCES) == set(ck.SIGNATURES)
+    src = ["#include <cstdint>", "#include <cuda_fp16.h>", ck.HEADER,
+           "namespace mlx { namespace core { namespace cu {"]
+    for name, (ins, outs, tpl) in _NVCC.items():
+        in_names, out_names = ck.SIGNATURES[name]
+        assert len(in_names) == len(ins) + 1 and len(out_names) == len(outs), name  # + p
+        args = [f"const {_CUDA_TYPES[d]}* {n}" for n, d in zip(in_names, ins)] + ["const int64_t* p"]
+        args += [f"{_CUDA_TYPES[d]}* {n}" for n, d in zip(out_names, outs)]
+        consts = [f"constexpr int {k} = {v};" if isinstance(v, int) else f"using {k} = {_CUDA_TYPES[v]};"
+                  for k, v in tpl]
+        src += [f"__global__ void k_{name}({', '.join(args)}) {{", *consts, ck.SOURCES[name], "}"]
+    src.append("}}}")
+    (tmp_path / "k.cu").write_text("\n".join(src))
+    r = subprocess.run([nvcc, "-arch=sm_90", "-c", "-o", str(tmp_path / "k.o"), str(tmp_path / "k.cu")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 # -- on MLX's CUDA build -------------------------------------------------------------------------
 @on_cuda
 @pytest.mark.parametrize("mode", ["eager", "lazy", "compiled"])
@@ -239,9 +404,13 @@ def test_cuda_kernels_match_the_reference_on_the_gpu(op, mode):
 
 
 @on_cuda
-@pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND", "rlx_sparse.mat_vec"])
-def test_cuda_kernels_are_bit_stable(op):
-    """Scatter-add with many duplicates and a long-row SpMV: three runs, identical bits."""
+@pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND", "rlx_sparse.mat_vec",
+                                "onnx.ScatterElements:sort", "onnx.ScatterND:sort"])
+def test_cuda_kernels_are_bit_stable(op, monkeypatch):
+    """Scatter-add with many duplicates and a long-row SpMV: three runs, identical bits (the
+    scatters both ways: counting, the default, and RLX_MLX_CUDA_SCATTER=sort)."""
+    op, _, method = op.partition(":")
+    monkeypatch.setenv(ck.SCATTER_ENV, method or "count")
     mlx = backends.get_backend("mlx")
     rng = np.random.default_rng(0)
     if op == "rlx_sparse.mat_vec":
