@@ -82,9 +82,10 @@ def _pass_under_nondeterministic_entry(was: tuple, now: tuple) -> bool:
         and not kd.by_key()[now[1]].strict
 
 
-@pytest.mark.parametrize("baseline", BASELINES)
-def test_exhaustive_rows_rejudge_to_what_they_record(baseline):
-    doc = json.loads((ROOT / baseline / "exhaustive.json").read_text())
+@pytest.mark.parametrize("sweep", [f"{b}/exhaustive.json" for b in BASELINES]
+                         + ["reports/gpu-baseline/exhaustive-float32.json"])
+def test_exhaustive_rows_rejudge_to_what_they_record(sweep):
+    doc = json.loads((ROOT / sweep).read_text())
     again = exhaustive.rejudge(doc)
     assert [_verdict(r) for r in again["rows"]] == [_verdict(r) for r in doc["rows"]]
     assert again["summary"] == doc["summary"] and doc["summary"]["xfail"] > 0

@@ -150,3 +150,17 @@ def test_tox_mlx_is_one_command_that_passes_its_options_to_the_sweep():
     commands = [c for c in tox["testenv:mlx"]["commands"].splitlines() if c.strip()]
     assert len(commands) == 1 and "--exhaustive" in commands[0] and commands[0].rstrip().endswith("{posargs}")
     assert commands[0].split()[:2] == ["rlx-conformance", "run"]
+
+
+def test_in_budget_rounding_beside_a_nan_mismatch_is_a_nonfinite_failure_alone():
+    """A float32 row of softsign on CUDA: NaN at +-inf (the exhaustive-softsign-inf-over-inf
+    entry, which excuses nonfinite failures only) and 1 ulp elsewhere, within the 2-ulp budget.
+    The row's max_ulp is the worst over every input; it must not make the row a value failure.
+    A worst beyond the budget still is one, and the entry does not excuse it."""
+    job = {"op": "softsign", "attrs": {}, "dtype": "float32"}
+    target = Target("mlx", "gpu", "eager")
+    row = {"n": 1 << 32, "max_ulp": 1.0, "over_budget": 2, "nan_mismatch": 2, "inf_mismatch": 0,
+           "budget": {"ulp": 2.0}}
+    assert ex._verdict(dict(row), job, target)["outcome"] == "xfail"
+    over = ex._verdict(dict(row, max_ulp=3.0, over_budget=5), job, target)
+    assert over["outcome"] == "fail" and "not value" in over["message"]

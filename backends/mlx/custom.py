@@ -14,7 +14,7 @@ with cpu_stream=True), so it is O(n^2) memory; cg_solve runs CG with a convergen
 eager and lazy mode stopping early once every lane converged.
 
 On a CUDA GPU stream the scatters, gathers, mat_vec, values_grad and CG's products run native
-CUDA kernels instead (``cuda_kernels.py``: deterministic, no atomics); the compositions here
+CUDA kernels instead (``cuda_kernels.py``: deterministic: no floating-point atomics); the compositions here
 are the fallback on every other build, and on CUDA with RLX_MLX_CUDA_KERNELS=0. A scatter with
 no updates returns ``data`` without calling MLX's scatter (MLX 0.32.4's GPU scatter dies with
 SIGFPE in compiled mode on zero updates). MLX cannot differentiate those kernels: each runs inside

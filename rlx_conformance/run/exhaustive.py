@@ -324,7 +324,12 @@ def _verdict(row: dict[str, Any], job: dict[str, Any], target: Target) -> dict[s
     case = pseudo_case(job["op"], job["attrs"], job["dtype"], n, target)
     # a failing row is over budget (a "value" failure measured in max_ulp), or dead or hung: only
     # an entry that excuses that kind, within its cap, excuses it
-    got = SimpleNamespace(outcome=row["outcome"], max_ulp=row.get("max_ulp"), max_rel_err=None,
+    # max_ulp is the row's worst over every input, within budget or not: only a worst beyond the
+    # op's ULP budget is a "value" failure (a row whose only failures are NaN/inf mismatches, next
+    # to in-budget rounding elsewhere, is a nonfinite failure alone)
+    worst, allowed = row.get("max_ulp"), (row.get("budget") or {}).get("ulp")
+    value_ulp = worst if worst is not None and (allowed is None or worst > allowed) else 0.0
+    got = SimpleNamespace(outcome=row["outcome"], max_ulp=value_ulp, max_rel_err=None,
                           max_abs_err=None,
                           nonfinite_mismatches=(row.get("nan_mismatch") or 0) + (row.get("inf_mismatch") or 0))
     d = known_divergence(case, got if bad else None)
@@ -363,7 +368,8 @@ def rejudge(doc: dict[str, Any]) -> dict[str, Any]:
         elif r["outcome"] == "xpass":
             r["outcome"], r["message"] = "pass", ""
         elif div.get("excused") is False or (r["outcome"] == "fail" and (r.get("message") or "").endswith("]")):
-            r["message"] = r["message"].rsplit(" [", 1)[0]  # unexcused()'s note, made again below
+            # unexcused()'s note (the whole message where the row had no other), made again below
+            r["message"] = re.sub(r"\s*\[outside known divergence .*\]$", "", r["message"])
         job = {"op": r["op"], "attrs": r.get("attrs") or {}, "dtype": r["dtype"]}
         rows.append(_verdict(r, job, Target.parse(r["target"])))
     summary = Counter(r["outcome"] for r in rows)
