@@ -234,8 +234,11 @@ def test_shipped_lock_graph_lines_are_of_library_graphs():
     lock = lockfile.load()
     graph_keys = [k for k in lock.entries if k[0].startswith("graph:")]
     assert graph_keys
-    assert {k[0] for k in graph_keys} <= {g.op for g in select(None)}
-    assert all("graph:first-order-propagation" in (lock.entries[k].reason or "") for k in graph_keys)
+    assert {records.split_subject(k[0])[0] for k in graph_keys} <= {g.op for g in select(None)}
+    for k in graph_keys:  # the forward's bound, or the VJP's (a graph:NAME:vjp subject)
+        source = ("graph-vjp:first-order-backward-propagation" if records.split_subject(k[0])[1]
+                  else "graph:first-order-propagation")
+        assert source in (lock.entries[k].reason or ""), k
 
 
 # -- the pytest plugin -------------------------------------------------------------------------------
