@@ -17,6 +17,7 @@ from rlx_conformance.judge.bounds.nn import (
     attention_parts,
     attention_unheads,
     fold_heads,
+    repeat_heads,
     rope_pairs,
     softcap_slope,
 )
@@ -90,8 +91,8 @@ def attention(q, k, v, mask, *, num_heads, head_dim, mask_kind, window, score_sc
     b, sq, sk, h, hkv, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
     scale = score_scale or 1 / math.sqrt(d)
     qh = q.astype(np.float64).reshape(b, sq, h, d).transpose(0, 2, 1, 3)
-    kh = np.repeat(k.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
-    vh = np.repeat(v.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), h // hkv, axis=1)
+    kh, vh = (repeat_heads(x.astype(np.float64).reshape(b, sk, hkv, d).transpose(0, 2, 1, 3), h // hkv)
+              for x in (k, v))
     s = scale * (qh @ np.swapaxes(kh, -1, -2))
     if logit_softcap > 0:
         s = logit_softcap * np.tanh(s / logit_softcap)

@@ -82,20 +82,37 @@ class Stream:
         choices made from it (positions, pool entries) are the same for each input."""
         return Stream(f"{self.key.rpartition('#')[0]}#{tag}")
 
+    # The transformations below work in place on the fresh array random_raw returns: at 10^6-10^7
+    # elements (issue 14's shapes) each temporary costs as much as the draw itself (issue 18).
+    # Every value is the one the plain expressions in their comments give.
     def raw(self, n: int) -> np.ndarray:
-        return self._bg.random_raw(n).astype(np.uint64) if n else np.zeros(0, np.uint64)
+        return np.asarray(self._bg.random_raw(n), np.uint64) if n else np.zeros(0, np.uint64)
 
     def uniform(self, n: int, lo: float, hi: float) -> np.ndarray:
-        u = (self.raw(n) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-        return lo + (hi - lo) * u
+        # lo + (hi - lo) * ((raw >> 11) as float64 * 2^-53): the same two roundings, in place
+        r = self.raw(n)
+        r >>= np.uint64(11)
+        u = r.astype(np.float64)
+        u *= 2.0**-53
+        u *= hi - lo
+        u += lo
+        return u
 
     def integers(self, n: int, lo: int, hi: int) -> np.ndarray:
         """Uniform integers in [lo, hi] (span < 2^63; modulo bias below 2^-40 is irrelevant here)."""
-        span = hi - lo + 1
-        return (self.raw(n) % np.uint64(span)).astype(np.int64) + lo
+        # (raw % span) as int64 + lo; below 2^63 the view is that cast
+        r = self.raw(n)
+        r %= np.uint64(hi - lo + 1)
+        out = r.view(np.int64)
+        if not isinstance(lo, (int, np.integer)):  # a float lo makes the sum float64, as it did
+            return out + lo
+        out += lo
+        return out
 
     def choice(self, n: int, k: int) -> np.ndarray:
-        return (self.raw(n) % np.uint64(k)).astype(np.int64)
+        r = self.raw(n)  # (raw % k) as int64
+        r %= np.uint64(k)
+        return r.view(np.int64)
 
     def coin(self, n: int) -> np.ndarray:
         return (self.raw(n) & np.uint64(1)).astype(bool)
@@ -340,9 +357,13 @@ def _accumulation(stream: Stream, shape: tuple[int, ...], dtype: str, vals: str,
     n = math.prod(shape)
     fi = dt.finfo(dtype)
     npd = dt.np_dtype(dtype)
-    row = shape[-1] if shape else 1
-    pos = np.arange(n) % max(row, 1)  # index along the last axis
-    noise = stream.uniform(n, 0.0, 1.0)
+    row = max(shape[-1] if shape else 1, 1)
+    # the index along the last axis (np.arange(n) % row; n is a multiple of row), for the
+    # classes that read it: a tiled row costs a copy where the modulo cost a division per element
+    pos = np.broadcast_to(np.arange(row), (n // row, row)).reshape(-1) if vals not in ("constant", "offset") else None
+    # the last draw from this input's stream (make_array returns this array): the constant class,
+    # which reads no noise, skips it
+    noise = stream.uniform(n, 0.0, 1.0) if vals != "constant" else None
     if vals == "constant":
         v = np.full(n, 0.1)
     elif vals == "offset":
