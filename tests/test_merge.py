@@ -193,7 +193,8 @@ def selected(path: Path, shard: str, sel: dict, *recs: res.CaseResult, version: 
     ("dtypes", ["float32"], "--dtypes", "float32"), ("backend", ["other"], "--backend", "other"),
     ("devices", ["gpu"], "--device", "gpu"), ("tf32", "on", "--tf32", "on"), ("sample", 2, "--sample", "2"),
     ("cases_dir", "/my/cases", "--cases", "/my/cases"), ("case", ["neg/x"], "--case", "neg/x"),
-    ("grad", [], "--grad", "none"), ("grad", ["vjp"], "--grad", "vjp")])
+    ("grad", [], "--grad", "none"), ("grad", ["vjp"], "--grad", "vjp"),
+    ("graphs", "none", "--graphs", "none"), ("sample_grad", 8, "--sample-grad", "8")])
 def test_refuses_shards_of_different_selections(tmp_path, capsys, key, other, option, shown):
     """Shards made with another --ops, --mode, ... are not parts of one run: a one-line error
     naming the option and both values (exit 2); shards of one selection still merge."""
@@ -265,3 +266,14 @@ def test_shards_of_layout_and_graph_cases_merge_to_the_whole_run(tmp_path):
     assert docs["merged"]["summary"] == docs["whole"]["summary"]
     assert docs["merged"].get("stability") == docs["whole"].get("stability")
     assert docs["merged"]["run"]["selection"]["layouts"] == "default"
+
+
+def test_run_records_the_graphs_it_held(tmp_path):
+    """run.selection.graphs says which graph cases a run held (diff compares over them, merge
+    refuses shards that differ): none for an --ops run without --graphs, the globs given."""
+    base = ["run", "--ops", "neg", "--dtypes", "float32", "--mode", "eager", "--grad", "none",
+            "--layouts", "none", "--no-progress", "--no-bundles"]
+    assert cli.main([*base, "--report", str(tmp_path / "a")]) == 0
+    assert json.loads((tmp_path / "a" / "results.json").read_text())["run"]["selection"]["graphs"] == "none"
+    assert cli.main([*base, "--graphs", "rms_norm_matmul", "--report", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["run"]["selection"]["graphs"] == "rms_norm_matmul"

@@ -41,6 +41,9 @@ from rlx_conformance.run.session import (
     grad_kinds,
 )
 
+# --sample-grad in tox -e mlx (tox.ini): see session.thin_variants and README, Speed
+SAMPLE_GRAD_TOX = 8
+
 # Still failing, known divergences included (a run fails only on core.results.RUN_FAILING):
 # what `repro` exits 1 on and what the end-of-run summary counts per op.
 STILL_FAILING = res.RUN_FAILING + ("xfail",)
@@ -97,6 +100,14 @@ def add_grad_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad", default="all", metavar="KINDS",
                    help="derivative cases to run besides the forward ones: all (default), none, "
                         "or kinds among vjp, jvp, hvp, comma-separated")
+
+
+def add_sample_grad_option(p: argparse.ArgumentParser) -> None:
+    """--sample-grad: 1 in K input sets of the derivative and layout cases (session.thin_variants)."""
+    p.add_argument("--sample-grad", type=int, default=1, metavar="K",
+                   help="run 1 in K input sets (by a hash of the case id) of each derivative kind and "
+                        "memory layout, at least one of each op x dtype x kind x layout; every forward "
+                        f"case still runs (default 1: all; tox -e mlx uses {SAMPLE_GRAD_TOX})")
 
 
 def add_layouts_option(p: argparse.ArgumentParser, default: str = "default") -> None:

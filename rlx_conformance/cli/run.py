@@ -15,6 +15,7 @@ from rlx_conformance.cli._graphs import add_graphs_option, graphs_only, find_gra
 from rlx_conformance.cli.options import (
     add_grad_option,
     add_layouts_option,
+    add_sample_grad_option,
     add_matrix_options,
     add_timeout_options,
     check_timeouts,
@@ -39,12 +40,13 @@ from rlx_conformance.run.session import (
     execute,
     resume_cases,
     selection,
+    thin_variants,
 )
 
 
 def cmd_run(args) -> int:
-    if args.repeat < 1 or args.sample < 1:
-        raise RlxError("--repeat and --sample want a count >= 1")
+    if args.repeat < 1 or args.sample < 1 or args.sample_grad < 1:
+        raise RlxError("--repeat, --sample and --sample-grad want a count >= 1")
     check_timeouts(args)
     kinds = grads(args)
     if args.case:
@@ -61,12 +63,17 @@ def cmd_run(args) -> int:
             if not kinds:
                 raise RlxError("--no-forward runs the derivative cases alone; --grad none leaves none")
             cases = [c for c in cases if c.grad]
+        cases = thin_variants(cases, args.sample_grad)
     chosen = selection(cases, ops=split(args.ops), dtypes=split(args.dtypes), tf32=args.tf32,
                        sample=args.sample, case_ids=args.case, grads=kinds,
                        forward=not (args.no_forward and not args.case),
-                       layouts="none" if args.case else args.layouts)  # before the shard takes its part
+                       layouts="none" if args.case else args.layouts,
+                       sample_grad=1 if args.case else args.sample_grad)  # before the shard takes its part
     if args.no_contiguous and not args.case:
         chosen["contiguous"] = False
+    if not args.case:  # --graphs as it applied (all, none or globs; --case: the ids say): diff
+        # compares a run over the graphs it held, merge refuses shards whose graphs differ
+        chosen["graphs"] = args.graphs if args.graphs is not None else ("none" if args.ops else "all")
     shard = None
     if args.shard:
         i, n = parse_shard(args.shard)
@@ -128,6 +135,7 @@ def register(sub) -> None:
     add_matrix_options(r)
     add_grad_option(r)
     add_layouts_option(r)
+    add_sample_grad_option(r)
     add_graphs_option(r)
     r.add_argument("--no-forward", action="store_true",
                    help="run only the derivative cases (--grad) of the selection, not the ops themselves")

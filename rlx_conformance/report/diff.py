@@ -106,6 +106,9 @@ class Selection:
     # --graphs as recorded (all, none or globs; None: not recorded): which graph cases it holds;
     # unrecorded, graph cases are held where the op globs are (none given: every graph)
     graphs: str | None = None
+    # --sample-grad K (recorded only for K > 1): the run holds 1 in K of the derivative and layout
+    # input sets; the baseline's others are outside it, not removed
+    sample_grad: int = 1
 
     @classmethod
     def of(cls, report: Report) -> Selection:
@@ -117,7 +120,8 @@ class Selection:
                        grads=tuple(sel.get("grad") or ()), targets=tuple(targets),
                        cases=_tuple(sel.get("case")), shard=sel.get("shard"), sample=int(sel.get("sample") or 1),
                        forward=sel.get("forward", True) is not False, layouts=sel.get("layouts"),
-                       contiguous=sel.get("contiguous", True) is not False, graphs=sel.get("graphs"))
+                       contiguous=sel.get("contiguous", True) is not False, graphs=sel.get("graphs"),
+                       sample_grad=int(sel.get("sample_grad") or 1))
         return cls(ops=tuple(sorted({r["op"] for r in report.cases})),
                    dtypes=tuple(sorted({r["dtype"] for r in report.cases})),
                    grads=tuple(sorted({r.get("grad") for r in report.cases} - {None, ""})), targets=tuple(targets),
@@ -143,6 +147,7 @@ class Selection:
                 and (self.grads is None or not rec.get("grad") or rec["grad"] in self.grads)
                 and (self.forward or bool(rec.get("grad")))
                 and (not rec.get("layout") or self.layouts != "none")
+                and (self.sample_grad <= 1 or not (rec.get("grad") or rec.get("layout")))
                 and (self.contiguous or bool(rec.get("layout")) or graph)
                 and in_graphs
                 and (self.dtypes is None or any(fnmatchcase(rec["dtype"], g) for g in self.dtypes))

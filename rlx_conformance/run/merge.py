@@ -36,7 +36,8 @@ _COMBINED = ("start", "wall_s", "targets", "backend", "device", "modes", "cases_
 # sets each: every key but the shard.
 SELECTION_OPTIONS = {"ops": "--ops", "dtypes": "--dtypes", "grad": "--grad", "forward": "--no-forward",
                      "layouts": "--layouts", "contiguous": "--no-contiguous", "backend": "--backend", "devices": "--device",
-                     "modes": "--mode", "tf32": "--tf32", "sample": "--sample", "case": "--case",
+                     "modes": "--mode", "tf32": "--tf32", "sample": "--sample", "sample_grad": "--sample-grad",
+                     "graphs": "--graphs", "case": "--case",
                      "cases_dir": "--cases"}
 
 

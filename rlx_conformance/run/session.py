@@ -3,6 +3,7 @@ cases → runner → results.json. Fronts only present what this returns."""
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,8 @@ from rlx_conformance.judge.stability import classify
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
 from rlx_conformance.run.runner import DEFAULT_MAX_FAILURES, DEFAULT_TIMEOUT, Runner
+from rlx_conformance.run.schedule import restore
+from rlx_conformance.run.schedule import schedule as schedule_cases
 
 ALL_MODES = ("eager", "lazy", "compiled")
 
@@ -101,6 +104,28 @@ def with_variants(cases: Sequence[Case], option: str | None = None) -> list[Case
     return out
 
 
+def thin_variants(cases: Sequence[Case], k: int) -> list[Case]:
+    """``cases`` with 1 in ``k`` of the input sets of each derivative kind and each memory layout
+    (``--sample-grad K``), deterministically: an input set stays when the SHA-256 of its input id
+    falls in the first k-th of the range (the same on every machine, whatever else is selected),
+    and the first input set (in matrix order) of each op x dtype x derivative kind x layout stays
+    anyway, so every one of them keeps cases. The forward cases (contiguous) are all kept, and
+    every target of a kept input set (its modes are compared bit-wise). ``k`` 1: all of them."""
+    if k <= 1:
+        return list(cases)
+    first: dict[tuple[str, str, str, str], str] = {}
+    out = []
+    for c in cases:
+        if not c.grad and not c.layout:
+            out.append(c)
+            continue
+        iid = c.input_id
+        group = first.setdefault((c.op, c.dtype, c.grad, c.layout), iid)
+        if group == iid or int.from_bytes(hashlib.sha256(iid.encode()).digest()[:8], "big") % k == 0:
+            out.append(c)
+    return out
+
+
 def find_case(case_id: str) -> Case:
     """The case with this id (ids are stable: regenerated from the registry and cases/)."""
     parts = case_id.strip().split("/")
@@ -126,14 +151,15 @@ def default_report_dir(kind: str = "run") -> Path:
 
 def selection(cases: Sequence[Case], *, ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
               tf32: str | None = None, sample: int = 1, case_ids: Sequence[str] | None = None,
-              grads: Sequence[str] = (), forward: bool = True, layouts: str = "none") -> dict:
+              grads: Sequence[str] = (), forward: bool = True, layouts: str = "none",
+              sample_grad: int = 1) -> dict:
     """What a run was asked to run, for its metadata (``run.selection``, where :func:`execute`
     adds its shard): the --ops and --dtypes globs (None: all; f32 recorded as float32, the name
     records hold), the derivative kinds of --grad
     (``grad``: a list, [] for the forward alone; ``forward``: false for --no-forward, the
     derivatives alone), --layouts (``layouts``: none, default or all), the backends, devices and modes of ``cases``
-    (the selection's, before a shard takes its part), --tf32, --sample, --case and the --cases
-    data folder. ``diff`` compares a subset with a baseline over this selection only; ``merge``
+    (the selection's, before a shard takes its part), --tf32, --sample, --sample-grad (``sample_grad``,
+    recorded only when it thins: K > 1), --case and the --cases data folder. ``diff`` compares a subset with a baseline over this selection only; ``merge``
     refuses shards whose selections differ."""
     override = data.override_dir()
     dtypes = selected_dtypes(dtypes)
@@ -143,7 +169,8 @@ def selection(cases: Sequence[Case], *, ops: Sequence[str] | None = None, dtypes
             "devices": sorted({c.target.device for c in cases}),
             "modes": sorted({c.target.mode for c in cases}), "tf32": tf32 or "env",
             "sample": sample, "case": sorted(case_ids) if case_ids else None,
-            "cases_dir": str(override) if override else None}
+            "cases_dir": str(override) if override else None,
+            **({"sample_grad": sample_grad} if sample_grad > 1 else {})}
 
 
 @dataclass
@@ -166,7 +193,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
             bundles: bool = False, shard: str | None = None,
             prior: Sequence[res.CaseResult] = (), prior_wall_s: float = 0.0,
             selection: dict | None = None, timeout_floor: float | None = None,
-            max_failures: int = DEFAULT_MAX_FAILURES) -> Run:
+            max_failures: int = DEFAULT_MAX_FAILURES, schedule: bool = True) -> Run:
     """Run cases in isolated workers, stream them to a journal, write results.json atomically
     (also after Ctrl-C: what was gathered is kept, with run.interrupted = true).
     ``strict_divergences``: turn the passes of stale known-divergence entries into xpass; only
@@ -180,7 +207,10 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     kept as they are; ``cases`` are then the ones it did not reach, and every judgment over the
     whole set is made over both. ``selection``: what the run was asked for (:func:`selection`),
     recorded as ``run.selection``. ``timeout_floor``, ``max_failures``: the runner's kernel-call
-    floor and its stop after consecutive crashes or timeouts (runner.Runner)."""
+    floor and its stop after consecutive crashes or timeouts (runner.Runner). ``schedule``: hand the
+    runner the cases in schedule.py's order (a cold MLX JIT cache's compiles first, the heaviest ops
+    first); the records are put back in the order of ``cases`` either way, so results.json's order
+    does not depend on which worker finished first."""
     run = Run(results=list(prior))
     started = _dt.datetime.now(_dt.UTC)
     t0 = time.perf_counter()
@@ -194,7 +224,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     runner = Runner(workers=workers, timeout=timeout, init=init, env=env,  # env: set in each worker before init
                     bundles=sink, floor=timeout_floor, max_failures=max_failures)
     try:
-        for r in runner.run(stability.repeat_cases(cases, repeat)):
+        for r in runner.run(stability.repeat_cases(schedule_cases(cases) if schedule else cases, repeat)):
             run.results.append(r)
             if journal:
                 journal.add(r)
@@ -205,6 +235,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     finally:
         if repeat > 1:
             run.results = stability.merge_repeats(run.results)
+        run.results = restore(run.results, cases)  # prior records (not in cases) first, as they were
         whole = shard is None  # a shard leaves the judgments over the whole set to merge
         warnings = finalize(run.results) if strict_divergences and whole and not interrupted else []
         bit_failures = stability.enforce(run.results) if whole else 0  # cases/bit_stable.toml: modes/repeats must agree
