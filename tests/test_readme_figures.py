@@ -44,6 +44,23 @@ def test_the_main_jobs_layout_and_graph_cases():
                                                 len(graphs.generate_graphs(COMPILED, grads=("vjp",)))]
 
 
+def test_the_main_jobs_thinned_cases():
+    """`tox -e mlx` thins the derivative, layout and graph-VJP input sets (--sample-grad, tox.ini):
+    the README's figures are session.thin_variants' over what `run` builds, one mode."""
+    from rlx_conformance.generate import graphs
+    from rlx_conformance.run.session import build_cases, thin_variants
+    k = int(re.search(r"rlx-conformance run .*--sample-grad (\d+)", (ROOT / "tox.ini").read_text()).group(1))
+    m = re.search(r"`--sample-grad (\d+)`: ([\d,]+) cases a mode in all, ([\d,]+) of them derivatives, "
+                  r"([\d,]+) layouts and ([\d,]+) graph VJPs.*? run all ([\d,]+):", README)
+    every = (build_cases(COMPILED, grads=matrix.GRAD_KINDS, layouts="default")
+             + graphs.generate_graphs(COMPILED, grads=("", "vjp")))
+    kept = thin_variants(every, k)
+    op_grads = sum(1 for c in kept if c.grad and not c.op.startswith("graph:"))
+    graph_grads = sum(1 for c in kept if c.grad and c.op.startswith("graph:"))
+    assert m and [n(g) for g in m.groups()] == [
+        k, len(kept), op_grads, sum(1 for c in kept if c.layout), graph_grads, len(every)]
+
+
 def test_the_main_jobs_derivative_cases():
     m = re.search(r"its derivatives \(([\d,]+) derivative cases: ([\d,]+) VJPs, ([\d,]+) JVPs, "
                   r"([\d,]+) Hessian-vector products", README)
