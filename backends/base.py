@@ -156,6 +156,11 @@ class Backend:
         """Whether results that would be subnormal may come back as zero on ``device`` (FTZ)."""
         return device in self.ftz_devices
 
+    def environment_warnings(self, targets: Iterable[Any]) -> list[str]:
+        """What this machine lacks for ``targets`` (Target: backend, device, mode) to test what
+        they are meant to, in words for the run's warnings; none by default."""
+        return []
+
     # -- registration ------------------------------------------------------------------------
     def all_devices(self) -> tuple[str, ...]:
         return ("cpu",)

@@ -11,6 +11,7 @@ stream, never at another precision; the result records which stream ran.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -70,6 +71,13 @@ def to_numpy(a: mx.array) -> np.ndarray:
     if a.dtype == mx.bfloat16:
         return np.array(a.view(mx.uint16)).view(dt.np_dtype("bfloat16"))
     return np.array(a)
+
+
+# The C++ compiler MLX's CPU build runs to JIT-compile a compiled function's fused kernels. MLX
+# probes it (`g++ --version`) and, where it is missing, runs every compiled graph unfused without
+# a word (measured with a PATH lacking g++, issue 18): the compiled mode's fused kernels then go
+# untested while every case still passes.
+CPU_JIT_COMPILER = "g++"
 
 
 def mode_from_env(mode: str | None = None) -> str:
@@ -133,6 +141,14 @@ class MlxBackend(Backend):
             return {"on": ["tf32:on"], "off": ["tf32:off"], "both": ["tf32:on", "tf32:off"]}[option]
         except KeyError:
             raise SpecError(f"mlx: --tf32 takes on, off or both, not {option!r}") from None
+
+    def environment_warnings(self, targets) -> list[str]:
+        """A compiled-mode CPU target on a machine without the C++ compiler MLX JIT-compiles its
+        fused kernels with (CPU_JIT_COMPILER): a green run there did not test them."""
+        if not any(t.device == "cpu" and t.mode == "compiled" for t in targets) or shutil.which(CPU_JIT_COMPILER):
+            return []
+        return [f"no {CPU_JIT_COMPILER} on PATH: MLX's compiled mode on the CPU runs every graph unfused "
+                "there, so its fused kernels go untested (install a C++ compiler)"]
 
     def variant_env(self, variant: str) -> dict[str, str]:
         return {"tf32:on": {self.TF32_ENV: "1"}, "tf32:off": {self.TF32_ENV: "0"}}.get(variant, {})

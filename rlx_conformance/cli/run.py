@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from rlx_conformance.backends import get_backend
 from rlx_conformance.cli import _output as out
 from rlx_conformance.cli.exhaustive import add_run_option as add_exhaustive_option
 from rlx_conformance.cli.exhaustive import sweep_after_run
@@ -84,6 +85,9 @@ def cmd_run(args) -> int:
     if not cases:
         raise RlxError("no cases selected")
     tf32 = tf32_run(args, cases)
+    for name in sorted({c.target.backend for c in cases}):
+        for why in get_backend(name).environment_warnings({c.target for c in cases if c.target.backend == name}):
+            print(f"warning: {why}", file=sys.stderr)
     prior, prior_wall = [], 0.0
     if args.resume:
         if args.report or args.repeat > 1:
