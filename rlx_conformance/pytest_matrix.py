@@ -31,7 +31,14 @@ from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
 from rlx_conformance.run.runner import Runner
-from rlx_conformance.run.session import backend_targets, build_cases, grad_kinds, supports, with_variants
+from rlx_conformance.run.session import (
+    backend_targets,
+    build_cases,
+    grad_kinds,
+    supports,
+    with_variants,
+    skip_shapes,
+)
 
 # The user property that carries a worker's case record (CaseResult.to_json, as JSON text) to the
 # xdist controller; the plugin takes it off each report before any other plugin (junitxml) sees it.
@@ -64,6 +71,7 @@ class MatrixFile(pytest.File):
             cases = matrix_cases(targets, listify(pick("ops", "ops")), listify(pick("dtypes", "dtypes")),
                                  grads=grad_kinds(pick("grad", "grad", "all")),
                                  layouts=pick("layouts", "layouts", "default"), graphs=pick("graphs", "graphs"))
+            cases = skip_shapes(cases, listify(pick("skip-shapes", "skip_shapes")))
             divergences()  # the data is checked now: a bad entry is a usage error, not a traceback at the end
         except RlxError as e:
             raise pytest.UsageError(f"{self.path.name}: {e}") from None

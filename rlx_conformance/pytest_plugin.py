@@ -66,6 +66,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                                       "default (the default: each layout once per op and shape family) or all")
     g.addoption("--rlx-graphs", help="graph cases (cases/graphs.toml), as run --graphs: all, none or globs over "
                                      "graph names, comma-separated (default: all without --rlx-ops, none with it)")
+    g.addoption("--rlx-skip-shapes", help="shape families to leave out, as run --skip-shapes: comma-separated "
+                                          "globs over family names (default: as the conformance file says)")
     g.addoption("--rlx-report", help="also write results.json, and a repro bundle per failing case, into this directory")
     g.addoption("--rlx-workers", type=int, help="runner worker processes (default: one per core)")
     g.addoption("--rlx-timeout", type=float, default=30.0, help="seconds per case before timeout")

@@ -48,13 +48,15 @@ def test_the_main_jobs_thinned_cases():
     """`tox -e mlx` thins the derivative, layout and graph-VJP input sets (--sample-grad, tox.ini):
     the README's figures are session.thin_variants' over what `run` builds, one mode."""
     from rlx_conformance.generate import graphs
-    from rlx_conformance.run.session import build_cases, thin_variants
-    k = int(re.search(r"rlx-conformance run .*--sample-grad (\d+)", (ROOT / "tox.ini").read_text()).group(1))
-    m = re.search(r"`--sample-grad (\d+)`: ([\d,]+) cases a mode in all, ([\d,]+) of them derivatives, "
+    from rlx_conformance.run.session import build_cases, skip_shapes, thin_variants
+    tox = (ROOT / "tox.ini").read_text()
+    k = int(re.search(r"rlx-conformance run .*--sample-grad (\d+)", tox).group(1))
+    skipped = re.search(r"rlx-conformance run .*--skip-shapes (\S+)", tox).group(1)
+    m = re.search(r"`--sample-grad (\d+) --skip-shapes [^`]+`: ([\d,]+) cases a mode in all, ([\d,]+) of them derivatives, "
                   r"([\d,]+) layouts and ([\d,]+) graph VJPs.*? run all ([\d,]+):", README)
     every = (build_cases(COMPILED, grads=matrix.GRAD_KINDS, layouts="default")
              + graphs.generate_graphs(COMPILED, grads=("", "vjp")))
-    kept = thin_variants(every, k)
+    kept = skip_shapes(thin_variants(every, k), skipped.split(","))
     op_grads = sum(1 for c in kept if c.grad and not c.op.startswith("graph:"))
     graph_grads = sum(1 for c in kept if c.grad and c.op.startswith("graph:"))
     assert m and [n(g) for g in m.groups()] == [

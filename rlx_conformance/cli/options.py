@@ -43,6 +43,10 @@ from rlx_conformance.run.session import (
 
 # --sample-grad in tox -e mlx (tox.ini): see session.thin_variants and README, Speed
 SAMPLE_GRAD_TOX = 8
+# --skip-shapes in tox -e mlx (tox.ini) and the tests' matrix (tests/conformance.toml): the
+# 10^6-element families run in the nightly; the 2^17-element rows where the accumulation value
+# classes start stay (session.skip_shapes; README, Speed)
+SKIP_SHAPES_TOX = "huge"
 
 # Still failing, known divergences included (a run fails only on core.results.RUN_FAILING):
 # what `repro` exits 1 on and what the end-of-run summary counts per op.
@@ -108,6 +112,14 @@ def add_sample_grad_option(p: argparse.ArgumentParser) -> None:
                    help="run 1 in K input sets (by a hash of the case id) of each derivative kind and "
                         "memory layout, at least one of each op x dtype x kind x layout; every forward "
                         f"case still runs (default 1: all; tox -e mlx uses {SAMPLE_GRAD_TOX})")
+
+
+def add_skip_shapes_option(p: argparse.ArgumentParser) -> None:
+    """--skip-shapes: leave out shape families by name (session.skip_shapes)."""
+    p.add_argument("--skip-shapes", action="append", default=None, metavar="GLOB[,GLOB]",
+                   help="leave out the cases of the shape families with these names (cases/shapes/*.toml; "
+                        f"globs, repeatable, comma-separated; default: none; tox -e mlx uses {SKIP_SHAPES_TOX}, whose "
+                        "10^6-element operands run in the nightly)")
 
 
 def add_layouts_option(p: argparse.ArgumentParser, default: str = "default") -> None:

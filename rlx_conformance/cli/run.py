@@ -16,6 +16,7 @@ from rlx_conformance.cli._graphs import add_graphs_option, graphs_only, find_gra
 from rlx_conformance.cli.options import (
     add_grad_option,
     add_layouts_option,
+    add_skip_shapes_option,
     add_sample_grad_option,
     add_matrix_options,
     add_timeout_options,
@@ -42,6 +43,7 @@ from rlx_conformance.run.session import (
     resume_cases,
     selection,
     thin_variants,
+    skip_shapes,
 )
 
 
@@ -64,12 +66,13 @@ def cmd_run(args) -> int:
             if not kinds:
                 raise RlxError("--no-forward runs the derivative cases alone; --grad none leaves none")
             cases = [c for c in cases if c.grad]
-        cases = thin_variants(cases, args.sample_grad)
+        cases = skip_shapes(thin_variants(cases, args.sample_grad), split(args.skip_shapes))
     chosen = selection(cases, ops=split(args.ops), dtypes=split(args.dtypes), tf32=args.tf32,
                        sample=args.sample, case_ids=args.case, grads=kinds,
                        forward=not (args.no_forward and not args.case),
                        layouts="none" if args.case else args.layouts,
-                       sample_grad=1 if args.case else args.sample_grad)  # before the shard takes its part
+                       sample_grad=1 if args.case else args.sample_grad,
+                       skipped_shapes=None if args.case else split(args.skip_shapes))  # before the shard takes its part
     if args.no_contiguous and not args.case:
         chosen["contiguous"] = False
     if not args.case:  # --graphs as it applied (all, none or globs; --case: the ids say): diff
@@ -140,6 +143,7 @@ def register(sub) -> None:
     add_grad_option(r)
     add_layouts_option(r)
     add_sample_grad_option(r)
+    add_skip_shapes_option(r)
     add_graphs_option(r)
     r.add_argument("--no-forward", action="store_true",
                    help="run only the derivative cases (--grad) of the selection, not the ops themselves")

@@ -109,6 +109,9 @@ class Selection:
     # --sample-grad K (recorded only for K > 1): the run holds 1 in K of the derivative and layout
     # input sets; the baseline's others are outside it, not removed
     sample_grad: int = 1
+    # --skip-shapes (recorded only when given): the shape families the run left out; the
+    # baseline's cases of them are outside it, not removed
+    skipped_shapes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, report: Report) -> Selection:
@@ -121,7 +124,8 @@ class Selection:
                        cases=_tuple(sel.get("case")), shard=sel.get("shard"), sample=int(sel.get("sample") or 1),
                        forward=sel.get("forward", True) is not False, layouts=sel.get("layouts"),
                        contiguous=sel.get("contiguous", True) is not False, graphs=sel.get("graphs"),
-                       sample_grad=int(sel.get("sample_grad") or 1))
+                       sample_grad=int(sel.get("sample_grad") or 1),
+                       skipped_shapes=tuple(sel.get("skip_shapes") or ()))
         return cls(ops=tuple(sorted({r["op"] for r in report.cases})),
                    dtypes=tuple(sorted({r["dtype"] for r in report.cases})),
                    grads=tuple(sorted({r.get("grad") for r in report.cases} - {None, ""})), targets=tuple(targets),
@@ -148,6 +152,7 @@ class Selection:
                 and (self.forward or bool(rec.get("grad")))
                 and (not rec.get("layout") or self.layouts != "none")
                 and (self.sample_grad <= 1 or not (rec.get("grad") or rec.get("layout")))
+                and not any(fnmatchcase(str(rec.get("family") or ""), g) for g in self.skipped_shapes)
                 and (self.contiguous or bool(rec.get("layout")) or graph)
                 and in_graphs
                 and (self.dtypes is None or any(fnmatchcase(rec["dtype"], g) for g in self.dtypes))
@@ -158,7 +163,8 @@ class Selection:
                 "forward": self.forward,
                 "targets": _list(self.targets),
                 "case": _list(self.cases), "shard": self.shard, "sample": self.sample, "recorded": self.recorded,
-                "layouts": self.layouts, "contiguous": self.contiguous, "graphs": self.graphs}
+                "layouts": self.layouts, "contiguous": self.contiguous, "graphs": self.graphs,
+                "skip_shapes": list(self.skipped_shapes)}
 
     def describe(self) -> str:
         """One line: what the subset was, e.g. "ops exp, log; dtypes float16; targets mlx-cpu-lazy"."""
@@ -172,6 +178,8 @@ class Selection:
             parts.append("layout cases only")
         if self.graphs is not None and self.graphs != "all":
             parts.append("no graphs" if self.graphs == "none" else f"graphs {self.graphs}")
+        if self.skipped_shapes:
+            parts.append(f"no shape families {', '.join(self.skipped_shapes)}")
         if self.cases:
             parts.append(f"{len(self.cases)} case id(s)")
         if self.shard:

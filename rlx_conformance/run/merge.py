@@ -37,6 +37,7 @@ _COMBINED = ("start", "wall_s", "targets", "backend", "device", "modes", "cases_
 SELECTION_OPTIONS = {"ops": "--ops", "dtypes": "--dtypes", "grad": "--grad", "forward": "--no-forward",
                      "layouts": "--layouts", "contiguous": "--no-contiguous", "backend": "--backend", "devices": "--device",
                      "modes": "--mode", "tf32": "--tf32", "sample": "--sample", "sample_grad": "--sample-grad",
+                     "skip_shapes": "--skip-shapes",
                      "graphs": "--graphs", "case": "--case",
                      "cases_dir": "--cases"}
 

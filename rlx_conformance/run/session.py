@@ -3,6 +3,7 @@ cases → runner → results.json. Fronts only present what this returns."""
 from __future__ import annotations
 
 import datetime as _dt
+import fnmatch
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -126,6 +127,18 @@ def thin_variants(cases: Sequence[Case], k: int) -> list[Case]:
     return out
 
 
+def skip_shapes(cases: Sequence[Case], patterns: Sequence[str] | None) -> list[Case]:
+    """``cases`` less those of the shape families (cases/shapes/*.toml) whose names match
+    ``patterns`` (``--skip-shapes huge``; None or empty: all). `tox -e mlx` and the tests' matrix
+    leave out ``huge``, the 10^6-element operands of issue 14's accumulation regime: 4 % of a
+    mode's forward cases and two thirds of their time, spent in the float64 reference and its
+    bounds rather than in MLX; the nightly runs them (README, Speed). Every target of a case is
+    cut alike, so the modes of a kept input set stay together."""
+    if not patterns:
+        return list(cases)
+    return [c for c in cases if not any(fnmatch.fnmatchcase(c.family, p) for p in patterns)]
+
+
 def find_case(case_id: str) -> Case:
     """The case with this id (ids are stable: regenerated from the registry and cases/)."""
     parts = case_id.strip().split("/")
@@ -152,14 +165,15 @@ def default_report_dir(kind: str = "run") -> Path:
 def selection(cases: Sequence[Case], *, ops: Sequence[str] | None = None, dtypes: Sequence[str] | None = None,
               tf32: str | None = None, sample: int = 1, case_ids: Sequence[str] | None = None,
               grads: Sequence[str] = (), forward: bool = True, layouts: str = "none",
-              sample_grad: int = 1) -> dict:
+              sample_grad: int = 1, skipped_shapes: Sequence[str] | None = None) -> dict:
     """What a run was asked to run, for its metadata (``run.selection``, where :func:`execute`
     adds its shard): the --ops and --dtypes globs (None: all; f32 recorded as float32, the name
     records hold), the derivative kinds of --grad
     (``grad``: a list, [] for the forward alone; ``forward``: false for --no-forward, the
     derivatives alone), --layouts (``layouts``: none, default or all), the backends, devices and modes of ``cases``
     (the selection's, before a shard takes its part), --tf32, --sample, --sample-grad (``sample_grad``,
-    recorded only when it thins: K > 1), --case and the --cases data folder. ``diff`` compares a subset with a baseline over this selection only; ``merge``
+    recorded only when it thins: K > 1), --skip-shapes (``skip_shapes``, the family globs, recorded
+    only when given), --case and the --cases data folder. ``diff`` compares a subset with a baseline over this selection only; ``merge``
     refuses shards whose selections differ."""
     override = data.override_dir()
     dtypes = selected_dtypes(dtypes)
@@ -170,7 +184,8 @@ def selection(cases: Sequence[Case], *, ops: Sequence[str] | None = None, dtypes
             "modes": sorted({c.target.mode for c in cases}), "tf32": tf32 or "env",
             "sample": sample, "case": sorted(case_ids) if case_ids else None,
             "cases_dir": str(override) if override else None,
-            **({"sample_grad": sample_grad} if sample_grad > 1 else {})}
+            **({"sample_grad": sample_grad} if sample_grad > 1 else {}),
+            **({"skip_shapes": sorted(skipped_shapes)} if skipped_shapes else {})}
 
 
 @dataclass

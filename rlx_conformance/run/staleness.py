@@ -91,6 +91,9 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
                  {getattr(r, "layout", "") for r in results if is_graph(r.op) == g}) for g in (False, True)}
     ids = {r.id for r in results}
     run_ops = {r.op for r in results}
+    # the shape families the run held: a run of --skip-shapes huge holds no case of them, and a
+    # part whose cases are all of them is another run's to match
+    families = {r.family for r in results}
     out = []
     for d, p in parts:
         ops = [o for o in run_ops if any(fnmatchcase(o, g) for g in d.part_ops(p))]
@@ -104,6 +107,7 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
         # carries the first entry scoping it)
         if not held or every_layout and any(
                 c.target in targets and c.dtype in dtypes and c.grad in kinds[is_graph(c.op)][0]
+                and c.family in families
                 and getattr(c, "layout", "") in kinds[is_graph(c.op)][1]
                 and kd.known_divergence(c) is d for c in held):
             out.append((d, p))
