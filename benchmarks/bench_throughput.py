@@ -1,10 +1,12 @@
 """Warm throughput side by side with the peer suite, in one invocation (issue 18, item 2).
 
-    python benchmarks/bench_throughput.py [--workers 2] [--ops GLOB] [--sample K] [--no-peer]
+    python benchmarks/bench_throughput.py [--workers 2] [--ops GLOB] [--sample K] [--skip-shapes G]
+                                          [--no-peer]
 
-First our matrix as a user runs it: ``rlx-conformance run --grad none --layouts none --graphs none``
-(the forward cases of every op in MLX's default mode, compiled: the selection of the README's Speed
-row, which predates layouts and graphs), no repro bundles or progress bar, in a child process,
+First our matrix as a user runs it: ``rlx-conformance run --grad none --layouts none --graphs none
+--skip-shapes huge`` (the forward cases of every op in MLX's default mode, compiled, less the shape
+families `tox -e mlx` leaves to the nightly: the selection of the README's Speed row, which
+predates layouts and graphs; ``--skip-shapes ''`` for every family), no repro bundles or progress bar, in a child process,
 the whole command timed; then the peer (bench_peer_onnx.py: ONNX's node tests on onnxruntime
 through pytest), the same way, right after it on the same machine. Prints each suite's cases,
 wall seconds and cases/s, and the ratio of the rates.
@@ -37,7 +39,7 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def measure_ours(workers: int, ops: str | None, sample: int, mode: str | None) -> dict:
+def measure_ours(workers: int, ops: str | None, sample: int, mode: str | None, skip_shapes: str = "") -> dict:
     """One run of our forward matrix through the CLI; its counts and times from results.json."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "rlx_conformance", "run", "--grad", "none", "--layouts", "none",
@@ -45,6 +47,7 @@ def measure_ours(workers: int, ops: str | None, sample: int, mode: str | None) -
                "--report", tmp, "--format", "json", "--sample", str(sample)]
         cmd += ["--ops", ops] if ops else []
         cmd += ["--mode", mode] if mode else []
+        cmd += ["--skip-shapes", skip_shapes] if skip_shapes else []
         before = jit_cache_files()
         c0, t0 = child_cpu_s(), time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -71,12 +74,14 @@ def main() -> None:
     ap.add_argument("--ops", default=None, help="op globs (default: every op)")
     ap.add_argument("--sample", type=int, default=1, help="every K-th input set (default 1: all)")
     ap.add_argument("--mode", default=None, help="MLX mode (default: MLX's default, compiled)")
+    ap.add_argument("--skip-shapes", default="huge",
+                    help="shape families to leave out, as run --skip-shapes (default: huge, as tox -e mlx; '' none)")
     ap.add_argument("--no-peer", action="store_true", help="our side only")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON document")
     args = ap.parse_args()
 
     figures = {"load_before_ours": load()}
-    ours = measure_ours(args.workers, args.ops, args.sample, args.mode)
+    ours = measure_ours(args.workers, args.ops, args.sample, args.mode, args.skip_shapes)
     figures["ours"] = ours
     if not args.no_peer:
         figures["load_before_peer"] = load()
