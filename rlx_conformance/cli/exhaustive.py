@@ -23,13 +23,9 @@ from typing import Any
 from rlx_conformance.cli import _output as out
 from rlx_conformance.cli.options import add_matrix_options, parse_shard, split, targets
 from rlx_conformance.core.errors import RlxError
+from rlx_conformance.core.results import SWEEP_FAILING
 from rlx_conformance.run import exhaustive_f32
-from rlx_conformance.run.exhaustive import (
-    SWEEP_FAILING,
-    run_exhaustive,
-    selected_dtypes,
-    unary_ops,
-)
+from rlx_conformance.run.exhaustive import run_exhaustive, selected_dtypes, unary_ops
 from rlx_conformance.run.session import default_report_dir
 
 

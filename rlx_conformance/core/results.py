@@ -27,6 +27,9 @@ SCHEMA = "rlx-conformance/results/v1"
 # timeouts (run/runner.py, --max-consecutive-failures): nothing was checked, so it fails the run.
 OUTCOMES = ("pass", "fail", "xfail", "xpass", "error", "contract", "crash", "timeout", "not-run", "skip")
 RUN_FAILING = ("fail", "xpass", "error", "contract", "crash", "timeout", "not-run")  # outcomes that fail a run
+# Row outcomes that fail an exhaustive sweep (run/exhaustive.py; its HTML section): those that fail
+# a run but "contract" (a sweep records a broken call convention as "error") and "not-run".
+SWEEP_FAILING = ("fail", "xpass", "error", "crash", "timeout")
 
 
 @dataclass
@@ -149,16 +152,13 @@ def summarize(results: Iterable[CaseResult]) -> dict[str, int]:
 
 
 def run_metadata(**kw: Any) -> dict[str, Any]:
-    import numpy
-
     meta = {
         "harness": provenance.harness(),  # version, and the git commit when run from a checkout
         "platform": platform.platform(),
         "machine": platform.machine(),
         "python": sys.version.split()[0],
-        "numpy": numpy.__version__,
     }
-    for mod in ("ml_dtypes", "scipy"):  # the reference's libraries (an old ml_dtypes rounded differently)
+    for mod in ("numpy", "ml_dtypes", "scipy"):  # the reference's libraries (an old ml_dtypes rounded differently)
         try:
             meta[mod] = importlib.import_module(mod).__version__
         except ImportError:

@@ -77,7 +77,7 @@ from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.bounds import nn as nn_bounds
 from rlx_conformance.judge.bounds import signal as signal_bounds
 from rlx_conformance.judge.bounds.conv import conv_as_matmul, conv_transpose_reference
-from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.gamma import gamma, uc
 from rlx_conformance.judge.bounds.linalg import (
     U64,
     dot_general_canonical,
@@ -104,10 +104,6 @@ def numpy_pairwise_depth(n: int) -> int:
     half = n // 2
     half -= half % NUMPY_ACCUMULATORS
     return 1 + max(numpy_pairwise_depth(half), numpy_pairwise_depth(n - half))
-
-
-def _u(out_dtype: str) -> float:
-    return dt.finfo(dt.compute_dtype(out_dtype)).unit_roundoff
 
 
 @dataclass(frozen=True)
@@ -162,7 +158,7 @@ def summation(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], o
     fn, n = _along(op, x, attrs)
     d = entry.depth(n)
     t = sum_terms(x, fn)
-    return Allowance(gamma(d, _u(out_dtype)) * t.abs_sum, 0.0,
+    return Allowance(gamma(d, uc(out_dtype)) * t.abs_sum, 0.0,
                      f"gamma_D(u) sum|x|, {entry.law()} = {d} at n = {n}")
 
 
@@ -173,7 +169,7 @@ def mean(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dt
     fn, n = _along(op, x, attrs)
     d = entry.depth(n)
     t = sum_terms(x, fn)
-    u = _u(out_dtype)
+    u = uc(out_dtype)
     with np.errstate(invalid="ignore"):
         allow = (gamma(d, u) * t.abs_sum + u * np.abs(t.pos - t.neg)) / max(n, 1)
     return Allowance(allow, 0.0, f"(gamma_D(u) sum|x| + u |sum x|) / n, D = {d} at n = {n}")
@@ -195,7 +191,7 @@ def product(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out
     t = prod_terms(x, fn)
     with np.errstate(over="ignore"):
         mag = np.exp2(t.up + t.down)
-    return Allowance(gamma(max(n - 1, 0), _u(out_dtype)) * mag, 0.0, f"gamma_(n-1)(u) |prod x| at n = {n}")
+    return Allowance(gamma(max(n - 1, 0), uc(out_dtype)) * mag, 0.0, f"gamma_(n-1)(u) |prod x| at n = {n}")
 
 
 def softmax(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype: str,
@@ -214,7 +210,7 @@ def softmax(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out
     axis = attrs["axis"] % x.ndim
     n = x.shape[axis]
     d = entry.depth(n)
-    u = _u(out_dtype)
+    u = uc(out_dtype)
     x64 = x.astype(np.float64)
     with np.errstate(all="ignore"):
         m = np.max(x64, axis=axis, keepdims=True)
@@ -284,7 +280,7 @@ def dot(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dty
     r, k, u_ref = _abs_products(op, inputs, attrs)
     d = entry.depth(k)
     u_ref = u_ref or reference_roundoff(out_dtype)
-    allow = gamma(np.asarray(d) + 1, _u(out_dtype)) * r
+    allow = gamma(np.asarray(d) + 1, uc(out_dtype)) * r
     ref = gamma(np.asarray(k), u_ref) * r
     kk = int(np.max(k, initial=0))
     return Allowance(allow, ref, f"gamma_(D+1)(u) sum|a||b|, D = {int(np.max(d, initial=0))} at K = {kk}"
@@ -332,7 +328,7 @@ def attention(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], o
     gamma_(D(Sk)+1): |o^_id - o_id| <= 2 (expm1(2 E_i) + 2 (D(Sk) + 4) u + gamma_(D(Sk)+1))
     sum_j p_ij |v_jd| (doubled as there). u includes the float64 reference's 2^-53."""
     (b, sq, sk, h, _, d), rel, p, _, _, _, vh = nn_bounds.attention_analysis(
-        inputs, attrs, _u(out_dtype) + U64,
+        inputs, attrs, uc(out_dtype) + U64,
         lambda d, sk: (entry.depth(d) + 1, entry.depth(sk) + 1, entry.depth(sk)))
     dd, ds = entry.depth(d), entry.depth(sk)
     with np.errstate(all="ignore"):
@@ -352,7 +348,7 @@ def xent(op: str, inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dt
     logits = inputs[0]
     ncls = logits.shape[-1]
     d = entry.depth(ncls)
-    b = signal_bounds.xent_error(inputs, _u(out_dtype), d)
+    b = signal_bounds.xent_error(inputs, uc(out_dtype), d)
     return Allowance(2 * b, 0.0, f"judge/bounds/signal.py's log-sum-exp analysis at depth D(C) = {d}, C = {ncls}")
 
 

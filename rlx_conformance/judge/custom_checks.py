@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.gamma import gamma, uc
 from rlx_conformance.judge.bounds.summation import (
     prod_judgement,
     prod_terms,
@@ -40,10 +40,6 @@ from rlx_conformance.spec import csr
 from rlx_conformance.spec.registry import Policy
 
 NONE = Tolerance(source="custom judge: bound only")
-
-
-def _u(dtype: str) -> float:
-    return dt.finfo(dt.compute_dtype(dtype)).unit_roundoff
 
 
 # -- scatter geometry ----------------------------------------------------------------------------
@@ -267,7 +263,7 @@ def lu_check():
         a, b, n = _system(inputs)
         x, ref = actual[0], expected[0]
         tdt = dt.name_of(x.dtype)
-        u_t = _u(tdt)
+        u_t = uc(tdt)
         eta = backward_error(a, x, b)
         eta_ref = backward_error(a, ref, b)
         budget = LU_C * n * u_t
@@ -335,7 +331,7 @@ def cg_check():
         a, b, n = _system(inputs)
         x, ref = actual[0].astype(np.float64), expected[0].astype(np.float64)
         tdt = dt.name_of(actual[0].dtype)
-        u_t = _u(tdt)
+        u_t = uc(tdt)
         k, tol = attrs["max_iter"], attrs["tol"]
         m = int(np.max(np.diff(inputs[2].astype(np.int64)), initial=1))
         _, k_ref, conv = csr.cg(a, b, k, tol)

@@ -121,8 +121,8 @@ def _neg(x) -> bool:
 
 
 def _limits(at_minus_inf, at_plus_inf):
-    """Wrap a composite: NaN -> NaN, +-inf -> the function's limits (OPS.md: at +-inf functions
-    take their limits), finite -> fn."""
+    """Wrap a composite: NaN -> NaN, +-inf -> the function's limits (docs/ops.md, elementwise: at
+    +-inf an activation takes its limit), finite -> fn."""
     def deco(fn):
         def run(args, attrs):
             (x,) = args

@@ -8,6 +8,9 @@ add/sub/mul wrap; integer div truncates toward zero and mod takes the sign of th
 fmod). Undefined by the spec (any output passes there): integer div/mod by zero and INT_MIN / -1,
 shift counts outside [0, bits), and a float -> int cast of NaN, inf or a value whose truncation is
 out of the target range. max/min propagate NaN; comparisons follow IEEE (NaN compares unequal).
+At +-inf an activation takes its limit, the sign of a zero included (sigmoid(+inf) = 1,
+log_sigmoid(-inf) = -inf), also where its formula gives NaN (x * 0): gelu, gelu_approx, silu,
+mish and hard_swish at -inf are -0.
 
 Judging: ops whose result is exactly defined (relu, neg, abs, rounding, sign, max/min, the bit
 ops, comparisons, where, clamp, cast) are bit-exact; the rest are held to the tolerance table
@@ -23,6 +26,8 @@ import numpy as np
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.spec import infer
 from rlx_conformance.spec.registry import (
+    EXACT,
+    EXACT_SZ,
     Attr,
     Input,
     OpSpec,
@@ -31,8 +36,6 @@ from rlx_conformance.spec.registry import (
     declare,
 )
 
-EXACT_SZ = Policy(exact=True, signed_zero=True)  # results exactly defined, sign of zero included
-EXACT = Policy(exact=True)
 APPROX = Policy()  # within the tolerance table (cases/tolerances.toml)
 IEEE = Policy(signed_zero=True)  # correctly rounded IEEE ops: tolerance 0 ULP in tolerances.toml
 

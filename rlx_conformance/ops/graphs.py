@@ -17,7 +17,10 @@ from __future__ import annotations
 import ast
 import difflib
 import fnmatch
+import json
+import math
 import operator
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -324,9 +327,6 @@ def select(patterns: Sequence[str] | None) -> list[Graph]:
 # -- writing -----------------------------------------------------------------------------------
 def _toml(v: Any) -> str:
     """A TOML value (inline) for the values a graph holds: bool, int, float, str, lists, tables."""
-    import json
-    import math
-
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -343,8 +343,6 @@ def _toml(v: Any) -> str:
 
 
 def _toml_key(k: str) -> str:
-    import re
-
     return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml(k)
 
 

@@ -30,6 +30,7 @@ from rlx_conformance.judge.bounds.reduce import (
 )
 from rlx_conformance.spec import infer
 from rlx_conformance.spec.registry import (
+    EXACT,
     Attr,
     Input,
     OpSpec,
@@ -39,7 +40,6 @@ from rlx_conformance.spec.registry import (
 )
 from rlx_conformance.spec.values import ACCUMULATION_CLASSES
 
-EXACT = Policy(exact=True)
 SPREAD = ("random", "special", "spread")  # value classes of the reductions and scans
 ACCUMULATE = SPREAD + ACCUMULATION_CLASSES  # of the accumulating ones (sums, products, softmax)
 

@@ -24,6 +24,7 @@ from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds.shape import scatter_add_bound
 from rlx_conformance.spec import infer
 from rlx_conformance.spec.registry import (
+    EXACT_SZ,
     Attr,
     CheckValues,
     ErrorInputs,
@@ -38,7 +39,6 @@ from rlx_conformance.spec.registry import (
 from rlx_conformance.spec.values import make_array
 
 Shape = tuple[int, ...]
-EXACT = Policy(exact=True, signed_zero=True)
 INDEX_DTYPES = ("int64", "int32")
 INT32_MARKER = (32,)  # trailing shape-family entry: draw indices as int32
 
@@ -53,7 +53,7 @@ def layout(name: str, doc: str, *, inputs: tuple[Input, ...], infer: Infer, shap
     "special" class (half random draws, half NaN/inf/signed zeros/subnormals/extremes) checks
     that every bit pattern moves unchanged."""
     return declare(name=name, family="shape", doc=doc, inputs=inputs, dtypes=dt.ALL, attrs=attrs,
-                   infer=infer, shapes=shapes, values=("special",), policy=EXACT,
+                   infer=infer, shapes=shapes, values=("special",), policy=EXACT_SZ,
                    low_precision="native", generate=generate, check_values=check_values,
                    error_inputs=error_inputs, uncovered=uncovered)
 
@@ -429,7 +429,7 @@ declare(name="one_hot", family="shape", doc="out[..., j at axis, ...] = values[1
         inputs=(Input("indices", dtypes=INDEX_DTYPES, role="index"), Input("values", ranks=(1, 1))),
         dtypes=dt.ALL, infer=infer_one_hot, shapes="one_hot",
         attrs=(Attr("depth", "int", sweep=(5,)), Attr("axis", "int", default=-1, sweep="axis")),
-        generate=gen_one_hot, low_precision="native", policy=EXACT, values=("special",),
+        generate=gen_one_hot, low_precision="native", policy=EXACT_SZ, values=("special",),
         uncovered=(("rank:indices=0", ("the matrix's axis sweep ranges over the first input's axes "
                                        "(generate/matrix.py), and a scalar has none, so no case of "
                                        "scalar indices (output rank 1, axis -1 or 0) can be generated")),),
@@ -450,7 +450,7 @@ def infer_non_zero(spec, shapes, dtypes, attrs):
 declare(name="non_zero", family="shape", doc="int64 [rank, count]: the coordinates of the nonzero "
         "elements (NaN is nonzero, -0 is zero) in row-major order",
         inputs=(Input("x", domain="mostly_zero"),), dtypes=dt.ALL, infer=infer_non_zero,
-        shapes="non_zero", low_precision="native", policy=EXACT, values=("random", "special"),
+        shapes="non_zero", low_precision="native", policy=EXACT_SZ, values=("random", "special"),
         not_differentiable="int64 coordinates: piecewise constant in x",
         error_inputs=lambda: [("complex input (not a harness dtype)", [np.ones(3, np.complex64)], {}),
                               ("two inputs", [_x(3), _x(3)], {}),

@@ -14,17 +14,16 @@ from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.spec import infer
 from rlx_conformance.spec.registry import (
+    EXACT_SZ,
     Attr,
     ErrorInputs,
     Infer,
     Input,
     OpSpec,
-    Policy,
     declaration_helper,
     declare,
 )
 
-EXACT = Policy(exact=True, signed_zero=True)
 _AXIS = Attr("axis", "int", default=-1, sweep=(0, -1))
 _DESC = Attr("descending", "bool", default=False, sweep=(False, True))
 
@@ -38,7 +37,7 @@ def sort_op(name: str, doc: str, *, attrs: tuple[Attr, ...], infer: Infer,
     (NaN, +-inf, +-0, subnormals, extremes): ties, NaN order and signed zeros in one case."""
     return declare(name=name, family="sort", doc=doc, inputs=(Input("x", domain="sort", ranks=(1, None)),),
                    dtypes=dt.ALL, attrs=attrs, infer=infer, shapes="sort", values=("special",),
-                   policy=EXACT, low_precision="native", error_inputs=error_inputs,
+                   policy=EXACT_SZ, low_precision="native", error_inputs=error_inputs,
                    not_differentiable=not_differentiable, grad_values=grad_values)
 
 

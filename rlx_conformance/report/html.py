@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from rlx_conformance.core.results import OUTCOMES, RUN_FAILING, atomic_write_text
+from rlx_conformance.core.results import OUTCOMES, RUN_FAILING, SWEEP_FAILING, atomic_write_text
 from rlx_conformance.ops.graphs import PREFIX as GRAPH_PREFIX
 from rlx_conformance.report import plots, stats
 from rlx_conformance.report.diff import Diff
@@ -410,7 +410,6 @@ def stats_tables(cases: list[Record], drifted: set[str],
 # -- bit-stability, the exhaustive sweep, the oracle's verdicts ---------------------------------------
 STABILITY_CLASSES = ("bit-stable", "mode-dependent", "nondeterministic", "unknown")
 ORACLE_VERDICTS = ("ok", "target-over-budget", "supports-reference", "both-within-budget", "reference-bug")
-EXHAUSTIVE_BAD = ("fail", "xpass", "error", "crash", "timeout")
 MAX_REF_BUGS = 50  # reference-bug cases listed in the red block
 
 
@@ -501,7 +500,7 @@ def exhaustive_view(doc: dict | None) -> dict | None:
     their error figures, worst inputs as hex and the known divergence of xfail rows."""
     if not doc:
         return None
-    rank = {o: i for i, o in enumerate((*EXHAUSTIVE_BAD, "xfail"))}
+    rank = {o: i for i, o in enumerate((*SWEEP_FAILING, "xfail"))}
     rows = []
     for i, r in enumerate(doc.get("rows") or []):
         o = r.get("outcome") or "error"
@@ -530,7 +529,7 @@ def exhaustive_view(doc: dict | None) -> dict | None:
                      "first_over": (r.get("first_over") or [])[:3], "oracle": r.get("oracle")})
     rows.sort(key=lambda x: x["key"])
     summary = doc.get("summary") or dict(Counter(x["outcome"] for x in rows))
-    bad = sum(1 for x in rows if x["outcome"] in EXHAUSTIVE_BAD)
+    bad = sum(1 for x in rows if x["outcome"] in SWEEP_FAILING)
     run = doc.get("run") or {}
     return {"rows": rows, "summary": {o: n for o, n in summary.items() if o != "total" and n},
             "total": len(rows), "bad": bad, "failed": bool(doc.get("failed", bad)),

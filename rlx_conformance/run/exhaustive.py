@@ -43,7 +43,7 @@ import numpy as np
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError, UnsupportedError
-from rlx_conformance.core.results import _jsonable, atomic_write_text, run_metadata
+from rlx_conformance.core.results import SWEEP_FAILING, _jsonable, atomic_write_text, run_metadata
 from rlx_conformance.generate import matrix
 from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge import precise
@@ -56,9 +56,6 @@ from rlx_conformance.run import exhaustive_f32, worker
 SCHEMA = "rlx-conformance/exhaustive/v1"
 DTYPES = ("float16", "bfloat16", "float32")
 REFERENCE = Target("cpu", "cpu", "eager")
-# Row outcomes that fail a sweep: those that fail a run (core.results.RUN_FAILING) but
-# "contract": a sweep records a broken call convention as "error".
-SWEEP_FAILING = ("fail", "xpass", "error", "crash", "timeout")
 WORST = 5  # worst inputs reported per row
 
 

@@ -16,6 +16,7 @@ failure, or the end of the time budget, ends the run (the examples left count as
 from __future__ import annotations
 
 import time
+import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,8 +99,6 @@ class FuzzGraphsReport:
 
 def parse_one(text: str) -> Graph:
     """The one [[graph]] of a TOML snippet, validated as cases/graphs.toml's graphs are."""
-    import tomllib
-
     try:
         tables = tomllib.loads(text).get("graph", [])
     except tomllib.TOMLDecodeError as e:
@@ -202,8 +201,6 @@ def add_regression(snippet: Path, graphs_file: Path) -> Graph:
     g = parse_one(Path(snippet).read_text())
     if not g.name.startswith("regression_"):
         raise RlxError(f"{snippet}: a regression graph's name starts with regression_ (got {g.name!r})")
-    import tomllib
-
     library = tomllib.loads(graphs_file.read_text()) if graphs_file.exists() else {}
     if any(t.get("name") == g.name for t in library.get("graph", [])):
         raise RlxError(f"{graphs_file} already has a graph named {g.name}")

@@ -133,6 +133,12 @@ class Policy:
     check_reason: str = ""
 
 
+# The bit-exact policies the op families share, named once so that a name means one policy in
+# every declaration module: results exactly defined, and with the sign of a zero asserted too.
+EXACT = Policy(exact=True)
+EXACT_SZ = Policy(exact=True, signed_zero=True)
+
+
 def _no_undefined(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> None:
     return None
 

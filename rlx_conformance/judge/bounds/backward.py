@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 from scipy import special
 
-from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.bounds import linalg as lj
 from rlx_conformance.judge.bounds import norm_grad as ng
 from rlx_conformance.judge.bounds.conv import (
@@ -32,13 +31,12 @@ from rlx_conformance.judge.bounds.conv import (
     pool_params,
 )
 from rlx_conformance.judge.bounds.derivative import derivative_bound
-from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.gamma import U64, gamma
 from rlx_conformance.judge.bounds.nn import attention_magnitude, rope_bound
 from rlx_conformance.judge.bounds.reduce import cumsum_bound, softmax_bound
 from rlx_conformance.judge.bounds.shape import scatter_add_bound
 from rlx_conformance.judge.compare import Bound
 
-U64 = dt.finfo("float64").unit_roundoff
 # Roundings in one activation derivative's formula: at most 8 arithmetic roundings (the products
 # and sums of f' and the product with dy) plus at most 2 library calls (exp, erf, tanh) of at most
 # 4 ulp each (MLX's float32 vector functions are within a few ulp).

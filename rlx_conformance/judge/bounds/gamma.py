@@ -5,6 +5,9 @@ Numerical Algorithms*, 2nd ed., Lemma 3.1): a product of n factors (1 + delta_i)
 |delta_i| <= u is 1 + theta_n with |theta_n| <= gamma_n. Hence the error of an n-term sum in any
 order is at most gamma_(n-1) sum|x_i| (Higham sec. 3.1, 4.2), of a dot product of length n at
 most gamma_n sum|x_i y_i| (sec. 3.1), of an n-factor product at most gamma_(n-1) |prod|.
+
+The u the bounds use, also defined here once: :func:`uc`, that of the dtype an op computes in
+(float32 for float16/bfloat16 outputs), and ``U64``, that of the float64 reference.
 """
 from __future__ import annotations
 
@@ -12,6 +15,15 @@ import math
 from typing import overload
 
 import numpy as np
+
+from rlx_conformance.core import dtypes as dt
+
+U64 = dt.finfo("float64").unit_roundoff  # 2^-53
+
+
+def uc(dtype: str) -> float:
+    """The unit roundoff of the dtype an op with output ``dtype`` computes in."""
+    return dt.finfo(dt.compute_dtype(dtype)).unit_roundoff
 
 
 @overload

@@ -23,7 +23,7 @@ import scipy.linalg
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.gamma import U64, gamma, uc
 from rlx_conformance.judge.bounds.summation import (
     bilinear_terms,
     sum_judgement,
@@ -42,12 +42,7 @@ from rlx_conformance.judge.compare import (
 )
 from rlx_conformance.spec import infer
 
-U64 = 2.0**-53
 ULD = float(np.finfo(np.longdouble).eps) / 2
-
-
-def uc(dtype: str) -> float:
-    return dt.finfo(dt.compute_dtype(dtype)).unit_roundoff
 
 
 def uo(dtype: str) -> float:

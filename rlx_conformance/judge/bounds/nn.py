@@ -29,16 +29,12 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
-from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.gamma import gamma, uc
 from rlx_conformance.judge.bounds.linalg import U64
 from rlx_conformance.judge.compare import ANYTHING, FINITE, NAN, NEG_INF, POS_INF, Bound
 from rlx_conformance.spec import infer
 
 SAFETY = 2.0
-
-
-def _u(out_dtype: str) -> float:
-    return dt.finfo(dt.compute_dtype(out_dtype)).unit_roundoff
 
 
 def _big(out_dtype: str) -> float:
@@ -66,7 +62,7 @@ def _normalize_bound(x, g, b, axes, n, eps, out_dtype, rms: bool):
     |z^ - z| <= e_d r + |z| (rho + 2u). rms norm: e_ms = gamma_(n+1) mean(x^2), z = x r.
     Rows where rho exceeds 1/4 (the first-order analysis fails) have no finite bound (their
     NaN/inf pattern is still asserted)."""
-    u = _u(out_dtype) + U64
+    u = uc(out_dtype) + U64
     x64, g64, b64 = (np.asarray(v, np.float64) for v in (x, g, b))
     fin = np.isfinite(x64)
     x0 = np.where(fin, x64, 0.0)
@@ -164,7 +160,7 @@ def batch_norm_bound(inputs, attrs, out_dtype):
     (var = inf: r = 0; an infinite x, m or beta with finite nonzero s: that infinity's sign
     through s; s = 0: inf * 0 = NaN): exact."""
     x, g, b, m, var = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in inputs))
-    u = _u(out_dtype) + U64
+    u = uc(out_dtype) + U64
     eps = attrs["eps"]
     with np.errstate(all="ignore"):
         r = 1 / np.sqrt(var + eps)
@@ -285,7 +281,7 @@ def attention_bound(inputs, attrs, out_dtype):
     and carry (Sk + 4) u of their own rounding, and the weighted sum of values adds gamma_Sk:
     |o_id - o^_id| <= (expm1(2 E_i) + 2 (Sk + 4) u + gamma_Sk) sum_j p_ij |v_jd|."""
     (b, sq, _, h, _, d), rel, p, allowed, qh, kh, vh = attention_analysis(
-        inputs, attrs, _u(out_dtype) + U64, lambda d, sk: (d, sk, sk))
+        inputs, attrs, uc(out_dtype) + U64, lambda d, sk: (d, sk, sk))
     with np.errstate(all="ignore"):
         bound = SAFETY * rel * (p @ np.abs(vh))  # [b, h, sq, d]
         # NaN reaching an output: from the query, an attended key (its scores are NaN, so is the
@@ -427,7 +423,7 @@ def rope_bound(inputs, attrs, out_dtype):
     finite value within the bound, +-inf, or NaN (both products overflow, inf - inf)."""
     x, c, s = inputs
     hd, nr = attrs["head_dim"], attrs["n_rot"]
-    u = _u(out_dtype) + U64
+    u = uc(out_dtype) + U64
     xs = x.astype(np.float64).reshape(x.shape[:-1] + (x.shape[-1] // hd, hd))
     c64 = c.astype(np.float64)[:, None, :]
     s64 = s.astype(np.float64)[:, None, :]

@@ -30,11 +30,10 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge.bounds.derivative import roundings_for
-from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.gamma import U64, gamma
 from rlx_conformance.judge.bounds.reduce import sum_bound
 from rlx_conformance.judge.compare import ANYTHING, NAN, NEG_INF, POS_INF, Bound
 
-U64 = dt.finfo("float64").unit_roundoff
 
 
 # -- magnitudes (shared with backends/cpu/nn.py) ---------------------------------------------------

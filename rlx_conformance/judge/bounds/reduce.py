@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.gamma import gamma, uc
 from rlx_conformance.judge.bounds.summation import (
     prod_judgement,
     prod_terms,
@@ -31,10 +31,6 @@ def _reduced(x: np.ndarray, attrs) -> tuple[tuple[int, ...], int]:
     axes = tuple(a % x.ndim for a in axes) if x.ndim else ()
     n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
     return axes, n
-
-
-def _u(dtype_name: str) -> float:
-    return dt.finfo(dt.compute_dtype(dtype_name)).unit_roundoff
 
 
 def _reducer(x: np.ndarray, attrs: Mapping[str, Any]):
@@ -68,7 +64,7 @@ def sum_bound(inputs: list[np.ndarray], attrs: Mapping[str, Any], out_dtype: str
     (x,) = inputs
     _, n = _reduced(x, attrs)
     t = sum_terms(x, _reducer(x, attrs))
-    bound = 2 * gamma(max(n - 1, 0), _u(out_dtype)) * t.abs_sum * scale
+    bound = 2 * gamma(max(n - 1, 0), uc(out_dtype)) * t.abs_sum * scale
     return sum_judgement(t, bound, out_dtype, n)
 
 
@@ -89,7 +85,7 @@ def prod_bound(inputs: list[np.ndarray], attrs: Mapping[str, Any], out_dtype: st
     t = prod_terms(x, _reducer(x, attrs))
     with np.errstate(over="ignore"):
         p = np.exp2(t.up + t.down)
-    bound = 2 * gamma(max(n - 1, 0), _u(out_dtype)) * p
+    bound = 2 * gamma(max(n - 1, 0), uc(out_dtype)) * p
     return prod_judgement(t, bound, out_dtype, n)
 
 
@@ -100,7 +96,7 @@ def cumsum_bound(inputs: list[np.ndarray], attrs: Mapping[str, Any], out_dtype: 
     (x,) = inputs
     n = x.shape[attrs["axis"] % x.ndim]
     t = sum_terms(x, _scanner(x, attrs))
-    bound = 2 * gamma(max(n - 1, 0), _u(out_dtype)) * t.abs_sum
+    bound = 2 * gamma(max(n - 1, 0), uc(out_dtype)) * t.abs_sum
     return sum_judgement(t, bound, out_dtype, n)
 
 
@@ -112,7 +108,7 @@ def cumprod_bound(inputs: list[np.ndarray], attrs: Mapping[str, Any], out_dtype:
     t = prod_terms(x, _scanner(x, attrs))
     with np.errstate(over="ignore"):
         p = np.exp2(t.up + t.down)
-    return prod_judgement(t, 2 * gamma(max(n - 1, 0), _u(out_dtype)) * p, out_dtype, n)
+    return prod_judgement(t, 2 * gamma(max(n - 1, 0), uc(out_dtype)) * p, out_dtype, n)
 
 
 def softmax_bound(inputs: list[np.ndarray], attrs: Mapping[str, Any], out_dtype: str) -> np.ndarray:
@@ -129,7 +125,7 @@ def softmax_bound(inputs: list[np.ndarray], attrs: Mapping[str, Any], out_dtype:
         return np.zeros(x.shape)
     n = x.shape[attrs["axis"] % x.ndim]
     cdt = dt.compute_dtype(out_dtype)
-    u = _u(out_dtype)
+    u = uc(out_dtype)
     x64 = x.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         m = np.max(x64, axis=attrs["axis"], keepdims=True)

@@ -18,12 +18,8 @@ from typing import Any
 import numpy as np
 
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.judge.bounds.gamma import gamma
+from rlx_conformance.judge.bounds.gamma import gamma, uc
 from rlx_conformance.judge.compare import ANYTHING, Bound, Comparison
-
-
-def _u(dtype: str) -> float:
-    return dt.finfo(dt.compute_dtype(dtype)).unit_roundoff
 
 
 # -- fft -----------------------------------------------------------------------------------------
@@ -52,7 +48,7 @@ def fft_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype:
     order-dependent, any outcome."""
     (x,) = inputs
     n = x.shape[-2]
-    u = _u(out_dtype)
+    u = uc(out_dtype)
     x64 = x.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         norm = np.sqrt(np.sum(x64 * x64, axis=(-2, -1), keepdims=True))
@@ -89,7 +85,7 @@ def quotient_ties(x: np.ndarray, scale: np.ndarray, dtype: str) -> tuple[np.ndar
         r = x64 / s64
         k = np.floor(r)
         exact = np.isfinite(r) & ((k + 0.5) * s64 == x64)  # float products are exact in float64
-        near = np.isfinite(r) & (np.abs(r - (k + 0.5)) <= 4 * _u(dtype) * np.abs(r)) & ~exact
+        near = np.isfinite(r) & (np.abs(r - (k + 0.5)) <= 4 * uc(dtype) * np.abs(r)) & ~exact
     return exact, near
 
 
@@ -162,7 +158,7 @@ def xent_bound(inputs: Sequence[np.ndarray], attrs: Mapping[str, Any], out_dtype
     lse sum t - sum t l) or logits near the overflow threshold are order-dependent, any outcome."""
     logits, t = (a.astype(np.float64) for a in inputs)
     big = dt.finfo(dt.compute_dtype(out_dtype)).max
-    b = xent_error(inputs, _u(out_dtype), logits.shape[-1])
+    b = xent_error(inputs, uc(out_dtype), logits.shape[-1])
     with np.errstate(all="ignore"):
         nan = np.any(np.isnan(logits) | np.isnan(t), axis=-1)
         bad = ~nan & (~np.all(np.isfinite(logits) & np.isfinite(t), axis=-1) |
