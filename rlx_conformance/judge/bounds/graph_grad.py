@@ -50,12 +50,18 @@ from rlx_conformance.judge.tolerances import default_tolerance
 
 
 def node_own_error(op: str, dtype: str, grad_ref: np.ndarray, magnitude: np.ndarray, terms: int,
-                   native: bool) -> np.ndarray:
+                   native: bool, argument: np.ndarray | None = None,
+                   intermediate: np.ndarray | None = None) -> np.ndarray:
     """One node's own VJP rounding for one input (of ``dtype``): the op's single-op derivative
-    bound at the rule's ``magnitude`` (taken at the cotangent's magnitude) and ``terms``, plus
-    the dtype's final rounding of the result ``grad_ref`` (float64) and half an ulp
-    (graph.own_error); +inf where the derivative judge frees a position (terms that overflow)."""
-    b = derivative_judgement(op, dtype, magnitude, terms, native=native)
+    judgement at the rule's ``magnitude`` (taken at the cotangent's magnitude) and ``terms``,
+    with the allowances a single-op derivative case gets (cases/derivatives.toml): the
+    roundings of the arguments its formula forms (``argument``, the reference's sensitivity
+    A: [[argument]]) and the order-dependent positions where its terms or its largest
+    ``intermediate`` overflow ([[overflow]]); plus the dtype's final rounding of the result
+    ``grad_ref`` (float64) and half an ulp (graph.own_error); +inf where the derivative judge
+    frees a position."""
+    b = derivative_judgement(op, dtype, magnitude, terms, native=native, argument=argument,
+                             intermediate=intermediate)
     return own_error(b, default_tolerance(dtype), grad_ref, dtype, exact=False)
 
 
