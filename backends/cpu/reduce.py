@@ -436,13 +436,21 @@ def _running_max_runs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def _within_run_cumsum(v: np.ndarray, run: np.ndarray) -> np.ndarray:
-    """Cumulative sums along the last axis restarting at each run."""
-    c = np.cumsum(v, axis=-1)
-    start = np.concatenate([np.zeros(v.shape[:-1] + (1,), bool), run[..., 1:] != run[..., :-1]], -1)
-    pos = np.broadcast_to(np.arange(v.shape[-1]), v.shape)
-    first = np.maximum.accumulate(np.where(start, pos, 0), axis=-1)  # each run's first position
-    before = np.take_along_axis(c - v, first, axis=-1)  # the total before it (0 for the first run)
-    return c - np.where(first > 0, before, 0.0)
+    """Cumulative sums along the last axis restarting at each run (``run``: a nondecreasing run
+    id per element, so a run is contiguous), each formed from its own run's terms alone: a
+    segmented Hillis-Steele scan, ceil(log2 n) passes, in pass d each element adding the partial
+    sum d places back where that element is in the same run. The error of an output is at most
+    gamma_ceil(log2 n)(u) times the sum of |v| over its own run's prefix. (Not the difference of
+    two whole-row cumsums, which loses u times the sum of every earlier run: up to 2.5e-14 off
+    on a 317x331 float64 cum_max VJP, blamed on MLX until a GPU run showed the same bits.)"""
+    out = np.array(v, np.float64)
+    n = out.shape[-1]
+    d = 1
+    while d < n:
+        same = run[..., d:] == run[..., :-d]
+        out[..., d:] = out[..., d:] + np.where(same, out[..., :-d], 0.0)  # the right side is read whole first
+        d *= 2
+    return out
 
 
 @vjp("cum_max", convention="each running max passes its cotangent to the element holding it; "
