@@ -23,6 +23,7 @@ from rlx_conformance.judge.compare import (
     compare,
     element_errors,
     ulp_distance,
+    ulp_distance_bits,
     ulp_size,
 )
 
@@ -106,6 +107,28 @@ def test_ulp_distance_broadcasts():
 def test_ulp_distance_keeps_scalar_shape():
     r = ulp_distance(np.array(1.0, np.float32), np.array(2.0, np.float32))
     assert r.shape == ()
+
+
+@pytest.mark.parametrize("name", FLOATS)
+def test_ulp_distance_of_bits_is_ulp_distance(name):
+    """The bits form the float32 sweep uses on the device (ulp_distance_bits: the same ordered
+    bits through operations CuPy shares) gives ulp_distance wherever neither side is NaN: random
+    patterns of every class, their neighbours and the signed zeros."""
+    fi = NP[name]
+    u = np.dtype(f"uint{fi.itemsize * 8}").type
+    rng = np.random.default_rng(11)
+    a = rng.integers(0, np.iinfo(u).max, 20000, dtype=np.uint64, endpoint=True).astype(u)
+    b = a.copy()
+    b[::3] += u(1)
+    b[1::3] = rng.integers(0, np.iinfo(u).max, b[1::3].size, dtype=np.uint64, endpoint=True).astype(u)
+    sign = u(1 << (fi.itemsize * 8 - 1))
+    a[:4], b[:4] = [0, 0, sign, sign], [0, sign, 0, sign]
+    with np.errstate(invalid="ignore"):
+        want = ulp_distance(a.view(fi), b.view(fi))
+    got = ulp_distance_bits(a, b, fi.itemsize * 8)
+    live = ~np.isnan(want)
+    assert live.sum() > 15000 and got.dtype == np.float64
+    assert np.array_equal(got[live], want[live]) and not got[:4].any()
 
 
 # -- ULP distance: exhaustive over the 16-bit types ------------------------------------------------

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rlx_conformance.judge import oracle_f64, precise
+from rlx_conformance.judge.compare import ulp_distance
 from rlx_conformance.ops import get_op
 from rlx_conformance.run import exhaustive as ex
 from rlx_conformance.run import exhaustive_f32 as f32
@@ -72,6 +73,39 @@ def test_sweep_row_matches_judge_row(op):
     over = x.view(np.uint32)[m.over_mask]
     assert row["first_over"] == [f"0x{int(v):08x}" for v in over[:f32.FIRST_OVER]]
     assert [w["input"] for w in row["worst"]][:1] == [w["input"] for w in ref["worst"]][:1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("ulp", [0.0, 1.0, 4.0])
+def test_settled_positions_pass_measure_whatever_its_options(dtype, ulp):
+    """accuracy.settle (the sweep's on-device filter) settles only positions that measure()
+    passes under every option the sweep may give it, with measure()'s ULP there; the rest hold
+    both passes and failures (the filter defers, it does not judge them)."""
+    from rlx_conformance.core import dtypes as dt
+    from rlx_conformance.judge.accuracy import Budget, measure, settle
+    fi = dt.finfo(dtype)
+    rng = np.random.default_rng(5)
+    want = rng.integers(0, 1 << fi.bits, 30000, dtype=np.uint64).astype(fi.uint)
+    step = rng.integers(-6, 7, want.size).astype(np.int64)  # neighbours within and beyond the budget
+    got = (want.astype(np.int64) + step).astype(fi.uint)
+    got[::5] = rng.integers(0, 1 << fi.bits, got[::5].size, dtype=np.uint64).astype(fi.uint)
+    sign, inf = 1 << (fi.bits - 1), int(np.array(np.inf, dt.np_dtype(dtype)).view(fi.uint))
+    specials = np.array([0, sign, inf, inf | sign, inf + 1, (inf + 1) | sign, 1, 1 | sign], fi.uint)
+    pairs = np.array([(g, w) for g in specials for w in specials], fi.uint)
+    got, want = np.concatenate([got, pairs[:, 0]]), np.concatenate([want, pairs[:, 1]])
+    budget = Budget(ulp=ulp)
+    s = settle(got, want, dtype, budget)
+    g, w = got.view(dt.np_dtype(dtype)), want.view(dt.np_dtype(dtype))
+    for signed_zero in (False, True):
+        for ftz in (False, True):
+            m = measure(g, w, budget, signed_zero=signed_zero, ftz=ftz)
+            assert not np.any(s.mask & m.over_mask)
+    with np.errstate(invalid="ignore"):
+        element_ulp = ulp_distance(g, w)
+    fin = s.mask & s.finite
+    assert np.array_equal(s.ulp[fin], element_ulp[fin]) and np.all(element_ulp[fin] <= ulp)
+    over = measure(g, w, budget).over_mask  # zeros of opposite sign, deferred, pass here
+    assert s.mask.sum() > 1000 and over.sum() > 1000 and np.any(~s.mask & ~over)
 
 
 def test_full_range_chunks_cover_every_pattern_once():

@@ -53,17 +53,45 @@ def _stage(dest: Path) -> Path:
     return dest
 
 
-def test_layer_contracts(tmp_path):
+def _lint(stage: Path) -> subprocess.CompletedProcess:
+    """import-linter run on a staged package with the checkout's pyproject.toml."""
     lint = shutil.which("lint-imports", path=os.path.dirname(sys.executable)) or shutil.which("lint-imports")
     if lint is None:
         pytest.fail("import-linter is not installed (it is in the test extra)")
-    stage = _stage(tmp_path / "stage")
     shutil.copy(ROOT / "pyproject.toml", stage / "pyproject.toml")
     env = dict(os.environ, PYTHONPATH=str(stage))
-    proc = subprocess.run([lint, "--no-cache"], cwd=stage, env=env, capture_output=True, text=True,
+    return subprocess.run([lint, "--no-cache"], cwd=stage, env=env, capture_output=True, text=True,
                           timeout=300)
+
+
+def _contract_names() -> list[str]:
+    return [c["name"] for c in
+            tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
+
+
+def test_layer_contracts(tmp_path):
+    proc = _lint(_stage(tmp_path / "stage"))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert "broken" not in proc.stdout.split("Contracts:")[-1].lower() or " 0 broken" in proc.stdout
+    # every contract of pyproject.toml was checked and kept (a contract import-linter skipped or
+    # could not parse would not be counted)
+    n = len(_contract_names())
+    assert f"Contracts: {n} kept, 0 broken." in proc.stdout, proc.stdout[-3000:]
+
+
+def test_precise_oracle_contract_catches_an_import(tmp_path):
+    """The reference/precise-oracle independence contract fails on an indirect import: a CPU
+    kernel module importing a judge module that imports the precise oracle."""
+    name = "The CPU reference does not import the precise oracles that check it"
+    assert name in _contract_names()
+    stage = _stage(tmp_path / "stage")
+    helper = stage / PKG / "judge" / "_planted.py"
+    helper.write_text("from rlx_conformance.judge import rounding  # noqa: F401\n")
+    kernel = stage / PKG / "backends" / "cpu" / "elementwise.py"
+    kernel.write_text(kernel.read_text() + "\nfrom rlx_conformance.judge import _planted  # noqa: E402,F401\n")
+    proc = _lint(stage)
+    assert proc.returncode != 0
+    broken = [line for line in proc.stdout.splitlines() if line.endswith("BROKEN")]
+    assert broken == [f"{name} BROKEN"], proc.stdout[-3000:]
 
 
 def _modules() -> list[tuple[str, Path]]:

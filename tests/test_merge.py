@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlx_conformance.cli import main as cli
+from rlx_conformance.core import provenance
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.judge.stability import classify
@@ -222,6 +223,23 @@ def test_refuses_shards_of_different_harness_versions_and_prints_json(tmp_path, 
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "rlx-conformance/merge/v1" and doc["summary"]["total"] == 2 and doc["exit"] == 0
     assert doc["results"] == str(tmp_path / "out" / "results.json")
+
+
+def test_the_merge_records_the_harness_that_merged(tmp_path):
+    """run.harness is the shards' (they must agree on the version); run.merged.by is the harness
+    that merged or rejudged, which may be newer: a rejudged baseline says what judged it."""
+    old = {"name": "rlx-conformance", "version": "0.0.1", "commit": "0" * 40}
+    rec = record("neg/float32/shape:3/vals:random/mlx-cpu-eager")
+    path = tmp_path / "old"
+    res.write_results(path / "results.json", {}, [rec], classify([rec]))
+    doc = json.loads((path / "results.json").read_text())
+    doc["run"]["harness"] = old  # as an older harness wrote it
+    (path / "results.json").write_text(json.dumps(doc))
+    m = merge(tmp_path / "out", [path], rejudge=True)
+    written = json.loads((tmp_path / "out" / "results.json").read_text())["run"]
+    assert m.meta["rejudged"] and written["harness"] == old
+    assert written["merged"]["by"] == provenance.harness() != old
+    assert written["merged"]["by"]["version"] == provenance.version()
 
 
 def test_the_shards_sweeps_merge_with_them(tmp_path):

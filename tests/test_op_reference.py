@@ -160,3 +160,89 @@ def test_listing_json_carries_declared_at(capsys):
     by = {r["name"]: r for r in rows}
     assert re.fullmatch(r"rlx_conformance/ops/elementwise\.py:\d+", by["exp"]["declared_at"])
     assert by["onnx.GatherND"]["declared_at"].startswith("rlx_conformance/ops/custom.py:")
+
+
+# -- derivatives, layouts and graphs (issues 16 and 17) -----------------------------------------------
+def _toml_entry(location: str) -> str:
+    """The whole TOML table at ``location``: its header line up to the next table header."""
+    path, line = _resolve(location)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    end = next((n for n in range(line, len(lines)) if lines[n].startswith("[")), len(lines))
+    return "\n".join(lines[line - 1:end])
+
+
+def test_explain_shows_derivatives_layouts_and_graphs(capsys):
+    assert main(["ops", "relu", "--explain"]) == 0
+    out = capsys.readouterr().out
+    for section in ("derivatives:", "layouts and graphs:"):
+        assert section in out
+    assert "relu'(0) = 0" in out and "gradient values also kink" in out
+    assert re.search(r"\[(rlx_conformance/)?cases/derivatives\.toml:\d+\]", out)
+    assert re.search(r"conv_bn_relu_pool .*\[(rlx_conformance/)?cases/graphs\.toml:\d+\]", out)
+    assert main(["ops", "arg_max", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert f"none: {get_op('arg_max').not_differentiable}" in out
+
+
+@pytest.mark.parametrize("op", ["relu", "gelu", "pow", "gather", "reduce_max", "cum_prod", "mat_mul"])
+def test_derivative_facts_point_at_their_declarations(op):
+    """Differentiable inputs are the registry's; the derivative kinds are the ones the matrix
+    makes; each cases/derivatives.toml table shown names the op by a glob and holds the
+    roundings shown, and the [[rule]] is the first whose globs match (else [default]); the
+    convention's location is the line its text starts on."""
+    spec = get_op(op)
+    d = op_facts(spec)["derivatives"]
+    assert d["differentiable"] and d["inputs"] == [i.name for i in spec.inputs if spec.input_differentiable(i)]
+    assert list(d["cases"]) == list(spec.derivative_kinds()) and all(n > 0 for n in d["cases"].values())
+    for key, e in d["bound"].items():
+        if key == "native" or e is None:
+            continue
+        entry = _toml_entry(e["at"])
+        assert entry.startswith(e["table"]) and re.search(rf"^roundings\s*=\s*{e['roundings']}\s*$", entry, re.M)
+        if e["table"] != "[default]":
+            assert any(fnmatch.fnmatchcase(op, g) for g in re.findall(r'"([^"]+)"', entry.split("reason")[0]))
+    text = (ROOT / "cases" / "derivatives.toml").read_text(encoding="utf-8")
+    rule = d["bound"]["rule"]  # [default] only where no [[rule]] matches
+    earlier = text if rule["table"] == "[default]" else text[:text.index(_toml_entry(rule["at"]))]
+    for block in earlier.split("\n[[rule]]\n")[1:]:  # each [[rule]]'s ops, up to its reason
+        assert not any(fnmatch.fnmatchcase(op, g) for g in re.findall(r'"([^"]+)"', block.split("reason")[0]))
+    if d["convention"]:
+        path, line = _resolve(d["convention"]["at"])
+        assert " ".join(d["convention"]["text"].split()[:3]) in path.read_text(encoding="utf-8").splitlines()[line - 1]
+
+
+def test_derivative_bound_tables_per_op():
+    facts = {op: op_facts(get_op(op))["derivatives"]["bound"] for op in ("gather", "gelu", "pow", "exp")}
+    assert facts["gather"]["native"] and facts["gather"]["rule"]["roundings"] == 1
+    assert facts["gelu"]["argument"] and not facts["gelu"]["overflow"]
+    assert facts["pow"]["argument"] and facts["pow"]["overflow"]
+    assert facts["exp"]["rule"]["table"] == "[default]" and not facts["exp"]["argument"]
+
+
+def test_graphs_are_the_ones_with_a_node_of_the_op():
+    """Each graph shown has a node ``op = "gelu"`` in its cases/graphs.toml entry; no graph left
+    out has one."""
+    text = (ROOT / "cases" / "graphs.toml").read_text(encoding="utf-8")
+    using = {re.search(r'^name\s*=\s*"([^"]+)"', block, re.M).group(1)
+             for block in text.split("[[graph]]")[1:] if re.search(r'op\s*=\s*"gelu"', block)}
+    gs = op_facts(get_op("gelu"))["graphs"]
+    assert using and {g["graph"] for g in gs} == using
+    for g in gs:
+        assert _toml_entry(g["at"]).startswith("[[graph]]") and f'name = "{g["graph"]}"' in _toml_entry(g["at"])
+
+
+def test_layouts_of_structured_inputs_leave_out_broadcast():
+    exp, gather = (op_facts(get_op(op))["layouts"] for op in ("exp", "gather"))
+    assert "broadcast" in exp["default"] and exp["dtype"] == "float32" and exp["cases"] > 0
+    assert gather["structured"] and gather["default"] and "broadcast" not in gather["default"]
+
+
+def test_reference_page_states_derivatives_layouts_and_graphs():
+    page = op_reference.markdown(builtin_ops(all_ops()))
+    sections = page.split("\n### `")[1:]
+    assert sections and all("\n- **derivatives**: " in s and "\n- **layouts**: " in s for s in sections)
+    by = {s.split("`", 1)[0]: s for s in sections}
+    assert f"- **derivatives**: none: {get_op('arg_max').not_differentiable}" in by["arg_max"]
+    assert "relu'(0) = 0" in by["relu"] and "`conv_bn_relu_pool` (VJP)" in by["relu"]
+    pow_ = by["pow"].split("- **derivatives**: ")[1].splitlines()[0]
+    assert pow_.startswith("vjp, jvp in") and "[[argument]]" in pow_ and "[[overflow]]" in pow_

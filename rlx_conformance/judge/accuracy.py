@@ -38,7 +38,7 @@ from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.judge import budgets, precise
 from rlx_conformance.judge.budget_table import KINDS, Budget, budget_for, low_precision  # noqa: F401 — re-exported
-from rlx_conformance.judge.compare import Bound, asserted, element_errors, ulp_size
+from rlx_conformance.judge.compare import Bound, asserted, element_errors, ulp_distance_bits, ulp_size
 from rlx_conformance.spec.registry import OpSpec
 
 
@@ -136,6 +136,38 @@ def measure(got: np.ndarray, want: np.ndarray, budget: Budget, *, skip: np.ndarr
         m.worst_ulp = float(ulp[m.worst]) if not np.isnan(ulp[m.worst]) else float("inf")
         m.worst_ratio = float(score[m.worst]) if ratio is not None else 0.0
     return m
+
+
+# -- settling most of a sweep's elements before measure() -------------------------------------------
+@dataclass
+class Settled:
+    """:func:`settle`'s answer, as arrays of its array module."""
+
+    mask: Any  # positions measure() certainly passes
+    finite: Any  # both sides finite
+    ulp: Any  # ULP distance (float64; meaningless where either side is NaN)
+
+
+def settle(got_bits, want_bits, dtype: str, budget: Budget, xp=np) -> Settled:
+    """The positions that :func:`measure` passes whatever its options, decided on the bits of
+    two arrays of float ``dtype`` alone, so that the float32 sweep (run/exhaustive_f32.py) can
+    settle the bulk of 2^32 elements on the device and send only the rest to measure() on the
+    host: bit-equal, both NaN, or finite on both sides within ``budget.ulp`` ULP (the ordered-bit
+    distance of compare.ulp_distance) and not zeros of opposite sign. measure() passes each of
+    them (its ``skip``, ``signed_zero``, ``ftz`` and ``atol`` can only pass more) and finds the
+    same ULP there; what is left (over the ULP budget, a NaN or infinity pattern that differs, a
+    signed-zero mismatch) may pass or fail and is measure()'s to judge. ``xp``: numpy or CuPy;
+    only operations the two share."""
+    fi = dt.finfo(dtype)
+    magnitude = xp.asarray((1 << (fi.bits - 1)) - 1, dtype=fi.uint)
+    inf = xp.asarray(int(np.array(np.inf, dt.np_dtype(dtype)).view(fi.uint)), dtype=fi.uint)
+    gm, wm = got_bits & magnitude, want_bits & magnitude
+    finite = (gm < inf) & (wm < inf)
+    ulp = ulp_distance_bits(got_bits, want_bits, fi.bits, xp)
+    opposite_zeros = (gm == 0) & (wm == 0) & (got_bits != want_bits)
+    mask = ((got_bits == want_bits) | ((gm > inf) & (wm > inf))
+            | (finite & (ulp <= budget.ulp) & ~opposite_zeros))
+    return Settled(mask, finite, ulp)
 
 
 # -- per-case assessment -----------------------------------------------------------------------------

@@ -30,17 +30,33 @@ from rlx_conformance.core import dtypes as dt
 
 def ordered_bits(x: np.ndarray) -> np.ndarray:
     """Float bits → uint64 whose order is the numeric order; +0 and -0 coincide. NaN is undefined."""
-    name = dt.name_of(x.dtype)
-    fi = dt.finfo(name)
+    fi = dt.finfo(dt.name_of(x.dtype))
+    return ordered_from_bits(np.ascontiguousarray(x).view(fi.uint).reshape(np.shape(x)), fi.bits)
+
+
+def ordered_from_bits(bits, width: int, xp=np):
+    """:func:`ordered_bits` of floats given as their bits: an unsigned integer array of ``width``
+    bits of the array module ``xp``, numpy or CuPy (the float32 sweep works on the device on
+    bits, run/exhaustive_f32.py; CuPy's float32 arithmetic flushes subnormals, its bit operations
+    do not). Only operations the two share: casts, shifts, bitwise and modular uint64 arithmetic."""
     # offset - magnitude for negatives, offset + magnitude otherwise; in place on the fresh copy
     # astype makes (modular uint64 arithmetic: no result wraps), which at 10^6 elements is worth it
-    bits = np.ascontiguousarray(x).view(fi.uint).reshape(np.shape(x)).astype(np.uint64)
-    sign = np.uint64(1) << np.uint64(fi.bits - 1)
-    neg = bits >= sign
-    bits &= sign - np.uint64(1)
-    np.negative(bits, out=bits, where=neg)
-    bits += np.uint64(1) << np.uint64(63)
-    return bits
+    b = bits.astype(xp.uint64)
+    neg = b >> xp.uint64(width - 1)  # 1 for negatives, 0 otherwise
+    b &= xp.uint64((1 << (width - 1)) - 1)  # the magnitude
+    b ^= neg * xp.uint64((1 << 64) - 1)  # where negative: ~magnitude + 1 = -magnitude (two's
+    b += neg  # complement)
+    b += xp.uint64(1 << 63)
+    return b
+
+
+def ulp_distance_bits(a, b, width: int, xp=np):
+    """:func:`ulp_distance` of floats given as their bits (:func:`ordered_from_bits`'s arrays), as
+    float64 (exact below 2^53 ULP, so for every float32 distance); where either side is NaN the
+    number means nothing and the caller masks it."""
+    oa = ordered_from_bits(a, width, xp)
+    ob = ordered_from_bits(b, width, xp)
+    return (xp.maximum(oa, ob) - xp.minimum(oa, ob)).astype(xp.float64)
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -165,6 +165,81 @@ def _oracle_rows(f: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _rule(fn: dict[str, Any]) -> str:
+    """A reference rule by its name in its module, with the op's own functions it closes over."""
+    wraps = ", ".join(w["function"].removeprefix("rlx_conformance.") for w in fn.get("wraps", []))
+    return _short(fn) + (f" → {wraps}" if wraps else "")
+
+
+def _rule_at(fn: dict[str, Any]) -> str:
+    """Where a reference rule is written: a rule made by a factory (``unary_rule.<locals>.vjp``)
+    is located by the op's own function it closes over, when that has a location."""
+    if "<locals>" in (fn.get("qualname") or ""):
+        own = next((w["at"] for w in fn.get("wraps", []) if w["at"]), None)
+        if own:
+            return own
+    return fn["at"] or ""
+
+
+def derivative_bound_text(bound: dict[str, Any]) -> str:
+    """The derivative judge's allowance in one line (judge/bounds/derivative.py)."""
+    u = "u of the result's dtype" if bound["native"] else "u of its compute dtype (float32 for 16-bit results)"
+    text = f"gamma_(terms + {bound['rule']['roundings']})(u) x magnitude, {u}"
+    if bound["argument"]:
+        text += f"; + gamma_{bound['argument']['roundings']}(u) x the argument sensitivity"
+    if bound["overflow"]:
+        text += "; order-dependent (+-inf, NaN legal) where the terms overflow"
+    return text + "; + the dtype's max_ulp for the final rounding"
+
+
+def _derivative_rows(f: dict[str, Any]) -> list[Row]:
+    d = f["derivatives"]
+    if not d["differentiable"]:
+        return [(0, "derivative", f"none: {d['not_differentiable']}", "")]
+    cases = d["matrix_error"] or ", ".join(f"{k} {n}" for k, n in d["cases"].items()) or "none"
+    extra = f"; gradient values also {_list(d['grad_values'])}" if d["grad_values"] else ""
+    rows: list[Row] = [(0, "derivative", f"in {', '.join(d['inputs'])}: {_list(d['kinds'])} "
+                        f"(cases on one target: {cases}){extra}", "")]
+    if d["convention"]:
+        rows.append((1, "convention", d["convention"]["text"], d["convention"]["at"] or ""))
+    ref = d["reference"]
+    if ref is None:
+        rows.append((1, "reference", "no reference rule registered (backends/cpu)", ""))
+    else:
+        for k in ("vjp", "jvp", "hvp"):
+            if ref[k]:
+                rows.append((1, k, f"reference {_rule(ref[k])}", _rule_at(ref[k])))
+        m = ref["magnitude"]
+        rows.append((1, "magnitude", _rule(m) if m else
+                     "the dense Jacobian (Backend.run_magnitude: small cases only)", _rule_at(m) if m else ""))
+    b = d["bound"]
+    rows.append((1, "bound", derivative_bound_text(b) + (" (times the condition number)" if ref and ref["conditioned"]
+                                                           else ""), ""))
+    for key, label in (("rule", "roundings"), ("argument", "argument"), ("overflow", "overflow")):
+        e = b[key]
+        if e:
+            rows.append((2, label, f"{e['table']} {e['roundings']}: {_one_line(e['reason'])}", e["at"] or ""))
+    return rows
+
+
+def _layout_graph_rows(f: dict[str, Any]) -> list[Row]:
+    lay = f["layouts"]
+    if lay["default"]:
+        text = (f"--layouts default: {_list(lay['default'])} in {lay['dtype']} ({lay['cases']} cases on one "
+                "target); --layouts all: every forward case in each")
+        if lay["structured"]:
+            text += "; no broadcast (inputs made by a generate hook)"
+    else:
+        text = lay["error"] or "none (no input has a layout to speak of)"
+    rows: list[Row] = [(0, "layouts", text, "")]
+    for g in f["graphs"]:
+        vjp = ", VJP too" if g["vjp"] else ""
+        rows.append((0, "graph", f"{g['graph']} (node {', '.join(g['nodes'])}{vjp}): {g['doc']}", g["at"] or ""))
+    if not f["graphs"]:
+        rows.append((0, "graph", "no graph of the graph library uses it", ""))
+    return rows
+
+
 def _divergence_rows(f: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for d in f["divergences"]:
@@ -184,6 +259,7 @@ def sections(facts: dict[str, Any]) -> list[tuple[str, list[Row]]]:
     n = len(f["divergences"])
     return [("declaration", _declaration_rows(f)), ("kernels", _kernel_rows(f)),
             ("judge", _judge_rows(f)), ("oracles", _oracle_rows(f)),
+            ("derivatives", _derivative_rows(f)), ("layouts and graphs", _layout_graph_rows(f)),
             (f"known divergences ({n})", _divergence_rows(f))]
 
 

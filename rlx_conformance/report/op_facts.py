@@ -2,7 +2,9 @@
 
 An op's facts are spread over the registry (its OpSpec), both backends' kernel tables, the data
 files (shape families, value domains, tolerances, accuracy budgets, known divergences) and the
-judges (bounds, own checks, the precise and ONNX oracles). ``rlx-conformance ops OP --explain``
+judges (bounds, own checks, the precise and ONNX oracles, the derivative judge), and what the
+case matrix and the graph library make of it (derivative cases, memory layouts, graphs).
+``rlx-conformance ops OP --explain``
 shows them together; this module collects them as one JSON-able dict, each item with the
 ``file:line`` it comes from, so that a reader can go and change it there. Line numbers of data
 entries are found by scanning the TOML text: tomllib does not keep them.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import glob
 import inspect
 import json
 import math
@@ -23,11 +26,16 @@ from typing import Any
 
 import rlx_conformance
 from rlx_conformance.backends import BACKENDS, get_backend
+from rlx_conformance.backends.cpu._grad import ARGUMENT_TERMS
 from rlx_conformance.core import data
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import RegistrationError, RlxError
+from rlx_conformance.generate.layouts import LAYOUTS, layout_dtype
+from rlx_conformance.generate.matrix import GRAD_KINDS, Target, generate
 from rlx_conformance.judge import accuracy, onnx_oracles, precise, tolerances
 from rlx_conformance.judge import divergences as known
+from rlx_conformance.judge.bounds import derivative as dbound
+from rlx_conformance.ops.graphs import all_graphs, primals, resolve
 from rlx_conformance.spec.custom_ops import CUSTOM
 from rlx_conformance.spec.registry import REQUIRED, OpSpec
 
@@ -424,6 +432,121 @@ def oracles(spec: OpSpec) -> dict[str, Any]:
         "at": quoted_at(onnx_oracles, spec.name)}}
 
 
+# -- derivatives, layouts, graphs (issues 16 and 17) -------------------------------------------------
+def matrix_cases(spec: OpSpec) -> dict[str, Any]:
+    """What the case matrix generates for the op on one target (``--grad all --layouts
+    default``): cases per derivative kind, and the memory layouts of its layout cases; with the
+    matrix's error instead where it makes none (an op of a plugin whose shape kind the data
+    lacks: the other facts still show)."""
+    try:
+        cases = [c for c in generate([Target("-", "-", "-")], [glob.escape(spec.name)],
+                                     grads=("", *GRAD_KINDS), layouts="default") if c.op == spec.name]
+    except RlxError as e:
+        return {"derivatives": {}, "layouts": [], "layout_cases": 0, "error": str(e)}
+    kinds = {k: sum(c.grad == k for c in cases) for k in GRAD_KINDS}
+    lays = [c.layout for c in cases if c.layout]
+    return {"derivatives": {k: n for k, n in kinds.items() if n},
+            "layouts": [lay for lay in LAYOUTS if lay in lays], "layout_cases": len(lays), "error": None}
+
+
+def _derivative_entry(op: str, section: str, rule: dbound.Roundings | None) -> dict[str, Any] | None:
+    """The cases/derivatives.toml table behind ``rule`` (derivative.py's first match for the
+    op in ``section``: [default] or the [[rule]], [[argument]], [[overflow]] whose ops match),
+    with its reason and file:line."""
+    if rule is None:
+        return None
+    path = data.data_path("derivatives.toml")
+    table = data.load("derivatives.toml")
+    if rule.source == "default":
+        entry, line = table["default"], table_line(path, "default")
+    else:
+        first = rule.source.partition(":")[2]  # the source names the table by its first op glob
+        k = next(i for i, r in enumerate(table.get(section, []), 1) if r["ops"][0] == first)
+        entry, line = table[section][k - 1], entry_line(path, section, k)
+    return {"table": "[default]" if rule.source == "default" else f"[[{section}]]",
+            "ops": list(entry.get("ops", [])), "roundings": rule.count,
+            "reason": entry["reason"].strip(), "at": at(path, line)}
+
+
+def _text_at(modules: Iterable[ModuleType], text: str) -> str | None:
+    """``file:line`` of the line of ``modules``' source that holds the longest start of ``text``
+    (a string literal such as a derivative convention, wrapped over lines: its first words sit
+    on one line; the longest start tells apart two literals that begin alike)."""
+    words = text.split()
+    best: tuple[int, bool, str] | None = None
+    for m in modules:
+        path = inspect.getsourcefile(m)
+        for n, line in enumerate(_lines(Path(path)) if path else (), 1):
+            k = 0
+            while k < len(words) and " ".join(words[:k + 1]) in line:
+                k += 1
+            head = " ".join(words[:k])
+            opens = f'"{head}' in line or f"'{head}" in line  # the literal starts there
+            if k >= min(3, len(words)) and (best is None or (k, opens) > best[:2]):
+                best = (k, opens, at(path, n) or "")
+    return best[2] if best else None
+
+
+def derivatives(spec: OpSpec, cases: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Whether and in which inputs the op is differentiable (the registry), the derivative cases
+    the matrix makes (``cases``: :func:`matrix_cases`), the reference's rules and their
+    convention at kinks and ties (backends/cpu, DerivativeRule), and the derivative judge's
+    bound (judge/bounds/derivative.py) with the cases/derivatives.toml tables it uses."""
+    out: dict[str, Any] = {"differentiable": spec.differentiable,
+                           "not_differentiable": spec.not_differentiable_reason() or None}
+    if not spec.differentiable:
+        return out
+    cases = cases or matrix_cases(spec)
+    rule = get_backend("cpu").derivatives.get(spec.name)
+    convention = None
+    if rule is not None and rule.convention:
+        mods = {m for f in (rule.vjp, rule.jvp) if f is not None
+                for m in [sys.modules.get(getattr(_unwrap(f), "__module__", ""))] if m is not None}
+        cpu_mods = [m for n, m in sorted(sys.modules.items()) if n.startswith("rlx_conformance.backends.cpu")]
+        convention = {"text": rule.convention, "at": _text_at([*mods, *cpu_mods], rule.convention)}
+    reference = None
+    if rule is not None:
+        reference = {k: None if getattr(rule, k) is None else callable_facts(getattr(rule, k))
+                     for k in ("vjp", "jvp", "hvp", "magnitude", "hvp_magnitude")}
+        reference["conditioned"] = rule.condition is not None
+    out.update(
+        inputs=[i.name for i in spec.inputs if spec.input_differentiable(i)],
+        kinds=list(spec.derivative_kinds()), cases=cases["derivatives"], matrix_error=cases["error"],
+        grad_values=list(spec.grad_values), convention=convention, reference=reference,
+        bound={"native": spec.low_precision == "native",
+               "rule": _derivative_entry(spec.name, "rule", dbound.roundings_for(spec.name)),
+               # the [[argument]] allowance applies where the reference declares the sensitivity
+               "argument": _derivative_entry(spec.name, "argument", dbound.argument_roundings_for(spec.name)
+                                             if spec.name in ARGUMENT_TERMS else None),
+               "overflow": _derivative_entry(spec.name, "overflow", dbound.overflow_rule_for(spec.name))})
+    return out
+
+
+def layouts(spec: OpSpec, cases: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The memory layouts the default matrix (``--layouts default``) runs the op's forward cases
+    in: one case per layout and shape family, in :func:`layout_dtype`; ``--layouts all`` runs
+    every forward case in every layout that exists for it (generate/layouts.py)."""
+    cases = cases or matrix_cases(spec)
+    return {"dtype": layout_dtype(spec), "default": cases["layouts"], "cases": cases["layout_cases"],
+            "structured": spec.generate is not None, "error": cases["error"]}
+
+
+def graphs(spec: OpSpec) -> list[dict[str, Any]]:
+    """The graphs of the graph library (cases/graphs.toml) with a node of the op: name, the
+    nodes, whether the graph has VJP cases (ops/graphs.primals), the ``[[graph]]`` line."""
+    path = data.data_path("graphs.toml")
+    out = []
+    for k, g in enumerate(all_graphs().values(), 1):
+        nodes = [n.name for n in g.nodes if n.op == spec.name]
+        if not nodes:
+            continue
+        floats = [d for d in g.dtypes if dt.is_float(d)]
+        vjp = bool(floats) and bool(primals(resolve(g, floats[0], g.shapes[0][0])))
+        out.append({"graph": g.name, "doc": g.doc, "nodes": nodes, "dtypes": list(g.dtypes), "vjp": vjp,
+                    "at": at(path, entry_line(path, "graph", k))})
+    return out
+
+
 # -- known divergences ----------------------------------------------------------------------------
 _SCOPE = ("dtype", "backend", "device", "mode", "vals", "shape", "id")
 
@@ -447,9 +570,11 @@ def divergences(spec: OpSpec) -> list[dict[str, Any]]:
 # -- all of it ------------------------------------------------------------------------------------
 def op_facts(spec: OpSpec) -> dict[str, Any]:
     """Everything about ``spec``, JSON-able (``ops OP --explain --format json``)."""
+    cases = matrix_cases(spec)
     return {**declaration(spec), "shapes": shape_families(spec), "domains": value_domains(spec),
             "kernels": kernels(spec), "judge": judge(spec), "oracles": oracles(spec),
-            "divergences": divergences(spec)}
+            "derivatives": derivatives(spec, cases), "layouts": layouts(spec, cases),
+            "graphs": graphs(spec), "divergences": divergences(spec)}
 
 
 def builtin_ops(specs: Iterable[OpSpec]) -> list[OpSpec]:

@@ -2,7 +2,8 @@
 
 The registry is where an op is declared, once; a hand-written reference next to it would drift.
 So the page is made from the declarations: per family module its docstring as the intro, per op
-its semantics, operands, attributes, dtypes, output inference and judge. It holds nothing that
+its semantics, operands, attributes, dtypes, output inference, judge, derivatives (kinds, inputs,
+convention, the derivative bound's tables), memory layouts and the graphs that use it. It holds nothing that
 depends on the machine (kernels, installed oracles) or moves with every edit (line numbers), so
 the committed page changes only when a declaration or a judging table does, and
 tests/test_op_reference.py can require it to be current.
@@ -15,8 +16,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rlx_conformance.generate.layouts import LAYOUTS
 from rlx_conformance.report.op_explain import value_text
-from rlx_conformance.report.op_facts import declaration, family_module, judge, oracles
+from rlx_conformance.report.op_facts import (
+    declaration,
+    derivatives,
+    family_module,
+    graphs,
+    judge,
+    layouts,
+    matrix_cases,
+    oracles,
+)
 from rlx_conformance.spec.registry import OpSpec
 
 DOC = "docs/ops.md"
@@ -37,6 +48,16 @@ CONVENTIONS = (
     ("- **oracles**: the precise oracle (MPFR, the exact result rounded once) judges both sides "
      "against the accuracy budget (cases/accuracy.toml); the ONNX oracles say which side "
      "onnx.reference and onnxruntime agree with."),
+    ("- **derivatives**: the kinds the matrix checks (`--grad`: vjp, jvp, and hvp where declared "
+     "second order) and the inputs they differentiate; the value classes only gradient cases get "
+     "(points at and next to kinks and ties); what the reference returns at kinks, ties and poles "
+     "(its convention); and the derivative bound, gamma_(terms + roundings)(u) times the "
+     "magnitude of the result's terms with `roundings` from the cases/derivatives.toml table named "
+     "(`[[argument]]`: plus the rounding of the formula's own arguments; `[[overflow]]`: +-inf "
+     "and NaN legal where the terms overflow), plus the dtype's max_ulp."),
+    ("- **layouts**: the memory layouts `--layouts default` hands the op's inputs in (one case "
+     "per layout and shape family, in the dtype named); **graphs**: the graphs of "
+     "cases/graphs.toml with a node of the op (VJP: the graph has VJP cases too)."),
 )
 
 
@@ -135,8 +156,39 @@ def _op_section(spec: OpSpec) -> list[str]:
         extra.append(f"ONNX oracles: {o['onnx']['op_type']} opset {o['onnx']['opset']}")
     if extra:
         out.append(f"- **oracles**: {'; '.join(extra)}")
+    cases = matrix_cases(spec)
+    out.append(f"- **derivatives**: {_derivative_line(derivatives(spec, cases))}")
+    out.append(f"- **layouts**: {_layout_line(layouts(spec, cases))}; **graphs**: {_graph_line(graphs(spec))}")
     out.append("")
     return out
+
+
+def _derivative_line(d: dict[str, Any]) -> str:
+    if not d["differentiable"]:
+        return f"none: {_md(d['not_differentiable'])}"
+    text = f"{', '.join(d['kinds'])} in " + ", ".join(f"`{i}`" for i in d["inputs"])
+    if d["grad_values"]:
+        text += "; gradient values also " + ", ".join(f"`{v}`" for v in d["grad_values"])
+    if d["convention"]:
+        text += f"; convention: {_md(d['convention']['text'])}"
+    b = d["bound"]
+    bound = f"gamma_(terms + {b['rule']['roundings']})(u) x magnitude ({b['rule']['table']})"
+    if b["argument"]:
+        bound += f" + gamma_{b['argument']['roundings']}(u) x argument ([[argument]])"
+    if b["overflow"]:
+        bound += ", +-inf and NaN legal where the terms overflow ([[overflow]])"
+    return text + f"; bound: {bound}" + (", u of the result's dtype" if b["native"] else "")
+
+
+def _layout_line(lay: dict[str, Any]) -> str:
+    if not lay["default"]:
+        return "none"
+    names = f"all {len(LAYOUTS)}" if lay["default"] == list(LAYOUTS) else ", ".join(lay["default"])
+    return f"{names} ({lay['dtype']})"
+
+
+def _graph_line(gs: list[dict[str, Any]]) -> str:
+    return ", ".join(f"`{g['graph']}`" + (" (VJP)" if g["vjp"] else "") for g in gs) or "none"
 
 
 def markdown(specs: Sequence[OpSpec]) -> str:
@@ -158,7 +210,8 @@ def markdown(specs: Sequence[OpSpec]) -> str:
         "(tests/test_op_reference.py fails while this page is out of date).",
         f"{len(specs)} ops in {len(families)} families. Everything about one op, each fact with the",
         "file and line it comes from (kernels, shape families, value domains, tolerances, accuracy",
-        "budgets, known divergences): `rlx-conformance ops OP --explain`.",
+        "budgets, reference derivative rules, derivative bounds, graphs, known divergences):",
+        "`rlx-conformance ops OP --explain`.",
         "",
         "Conventions:",
         "",

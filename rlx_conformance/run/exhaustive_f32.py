@@ -9,9 +9,10 @@ evaluation, the comparison and the filter run on the device), else numpy. Per ch
 1. the target computes the chunk (one call on the whole chunk, as the 16-bit sweep does);
 2. the float64 oracle decides most elements; the few special inputs (NaN, inf, zero) take
    MPFR's value, one MPFR call per special value for the whole sweep;
-3. on the array module, each decided element whose result is bit-equal to the oracle, both NaN,
-   or finite on both sides within the op's ULP budget (ordered-bit distance, compare.ulp_distance's,
-   and not a zero of the wrong sign) is settled: it only adds to ``checked`` and ``max_ulp``;
+3. on the array module, each decided element that judge.accuracy.settle passes whatever
+   measure's options (bit-equal to the oracle, both NaN, or finite on both sides within the op's
+   ULP budget and not a zero of the wrong sign) is settled: it only adds to ``checked`` and
+   ``max_ulp``;
 4. every other element (over budget, an infinity or NaN pattern that differs, a signed-zero
    mismatch, or undecided by float64) goes to the host, where MPFR fills in the undecided and
    judge.accuracy.measure judges them exactly as the 16-bit sweep does.
@@ -31,7 +32,7 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge import oracle_f64, precise
-from rlx_conformance.judge.accuracy import budget_for, measure
+from rlx_conformance.judge.accuracy import budget_for, measure, settle
 from rlx_conformance.judge.compare import ulp_distance
 from rlx_conformance.ops import get_op
 
@@ -141,15 +142,10 @@ def sweep(op: str, attrs: dict[str, Any], out_dtype: str, compute: Callable[[np.
             want = xp.where(isnan_in, xp.asarray(np.asarray(nan_want).view(ofi.uint)), want)
             decided = decided | isnan_in
         asserted = xp.ones(x32.shape, bool) if undefined is None else ~xp.asarray(np.broadcast_to(undefined, x32.shape))
-        mask = xp.asarray(ofi_mask(out_dtype), dtype=ofi.uint)
-        inf = xp.asarray(inf_bits(out_dtype), dtype=ofi.uint)
-        gm, wm = gb & mask, want & mask
-        g_nan, w_nan, g_fin, w_fin = gm > inf, wm > inf, gm < inf, wm < inf
-        d = xp.abs(_ordered_any(xp, gb, out_dtype) - _ordered_any(xp, want, out_dtype))
-        zero_pair = (gm == 0) & (wm == 0)
-        settled = decided & ((gb == want) | (g_nan & w_nan)
-                             | (g_fin & w_fin & (d <= budget.ulp) & ~(zero_pair & (gb != want))))
-        fin_settled = settled & g_fin & w_fin & asserted
+        judged = settle(gb, want, out_dtype, budget, xp)
+        settled = decided & judged.mask
+        fin_settled = settled & judged.finite & asserted
+        d = judged.ulp
         acc["checked"] += int(xp.count_nonzero(settled & asserted))
         if bool(fin_settled.any()):
             dm = xp.where(fin_settled, d, -1)
@@ -214,19 +210,3 @@ def sweep(op: str, attrs: dict[str, Any], out_dtype: str, compute: Callable[[np.
             "mpfr_resolved": acc["mpfr"], "chunks": len(parts), "chunk": chunk if range_ == "full" else None,
             "target_s": round(t_target, 3), "oracle_s": round(t_oracle, 3), "host_judge_s": round(t_host, 3)}
 
-
-def ofi_mask(dtype: str) -> int:
-    """All bits but the sign."""
-    return (1 << (dt.finfo(dtype).bits - 1)) - 1
-
-
-def inf_bits(dtype: str) -> int:
-    return int(np.array(np.inf, dt.np_dtype(dtype)).view(dt.finfo(dtype).uint))
-
-
-def _ordered_any(xp, bits, dtype: str):
-    """Bits of any float dtype as a signed order (int64), compare.ordered_bits's: -0 and +0 are 0."""
-    sign = 1 << (dt.finfo(dtype).bits - 1)
-    b = bits.astype(xp.uint64)
-    mag = (b & xp.uint64(sign - 1)).astype(xp.int64)
-    return xp.where((b & xp.uint64(sign)) != 0, -mag, mag)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlx_conformance.core import provenance
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.judge.stability import classify, enforce
@@ -150,7 +151,10 @@ def union_cases(shards: Sequence[Shard]) -> list[dict[str, Any]]:
 def combine_meta(shards: Sequence[Shard]) -> tuple[dict[str, Any], list[str]]:
     """Run metadata of the merged report: what all shards agree on, the union of targets, the
     earliest start, the longest wall time (shards run side by side), summed counts; and every
-    shard's own metadata under ``merged.shards``. Returns it with warnings (differing versions)."""
+    shard's own metadata under ``merged.shards``. ``merged.by`` is the harness that merged (and,
+    with --rejudge, judged again): ``run.harness`` stays the shards' when they agree, so a
+    baseline rejudged by a newer harness would otherwise not say which judged it. Returns it with
+    warnings (differing versions)."""
     metas = [s.run for s in shards]
     keys = list(dict.fromkeys(k for m in metas for k in m))
     meta = {k: metas[0].get(k) for k in keys if all(m.get(k) == metas[0].get(k) for m in metas)}
@@ -171,6 +175,7 @@ def combine_meta(shards: Sequence[Shard]) -> tuple[dict[str, Any], list[str]]:
         same_worker_repeats=sum(m.get("same_worker_repeats") or 0 for m in metas),
         bit_stability_failures=sum(m.get("bit_stability_failures") or 0 for m in metas),
         merged={"at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                "by": provenance.harness(),
                 "from": [str(s.path) for s in shards], "differs": differs,
                 "shards": [dict(m, path=str(s.path)) for m, s in zip(metas, shards)]})
     meta.pop("shard", None)
