@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_matrix import jit_cache_files  # noqa: E402
+from rlx_conformance.cli.options import SKIP_SHAPES_TOX  # noqa: E402
 from bench_peer_onnx import child_cpu_s  # noqa: E402
 from bench_peer_onnx import measure as measure_peer  # noqa: E402
 
@@ -74,8 +75,9 @@ def main() -> None:
     ap.add_argument("--ops", default=None, help="op globs (default: every op)")
     ap.add_argument("--sample", type=int, default=1, help="every K-th input set (default 1: all)")
     ap.add_argument("--mode", default=None, help="MLX mode (default: MLX's default, compiled)")
-    ap.add_argument("--skip-shapes", default="huge",
-                    help="shape families to leave out, as run --skip-shapes (default: huge, as tox -e mlx; '' none)")
+    ap.add_argument("--skip-shapes", default=SKIP_SHAPES_TOX,
+                    help=f"shape families to leave out, as run --skip-shapes (default: {SKIP_SHAPES_TOX}, as "
+                         "tox -e mlx; '' none)")
     ap.add_argument("--no-peer", action="store_true", help="our side only")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON document")
     args = ap.parse_args()

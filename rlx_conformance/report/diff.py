@@ -164,7 +164,7 @@ class Selection:
                 "targets": _list(self.targets),
                 "case": _list(self.cases), "shard": self.shard, "sample": self.sample, "recorded": self.recorded,
                 "layouts": self.layouts, "contiguous": self.contiguous, "graphs": self.graphs,
-                "skip_shapes": list(self.skipped_shapes)}
+                "sample_grad": self.sample_grad, "skip_shapes": list(self.skipped_shapes)}
 
     def describe(self) -> str:
         """One line: what the subset was, e.g. "ops exp, log; dtypes float16; targets mlx-cpu-lazy"."""
