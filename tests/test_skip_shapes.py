@@ -99,3 +99,18 @@ def test_tox_mlx_and_the_tests_matrix_skip_the_documented_families_and_the_night
     assert "--skip-shapes" not in ini["testenv:nightly"]["commands"]
     with (ROOT / "tests" / "conformance.toml").open("rb") as f:
         assert tomllib.load(f)["matrix"]["skip_shapes"] == [SKIP_SHAPES_TOX]
+
+
+def test_a_graphs_only_run_skips_as_it_records(tmp_path, capsys):
+    """``--ops 'graph:*'`` takes the graphs-only path of cmd_run; --skip-shapes applies there too
+    (it was recorded in run.selection but not applied: diff would then have counted the graph
+    cases of the skipped sets as outside a run that held them)."""
+    report = tmp_path / "g"
+    code = main(["run", "--ops", "graph:rms_norm_matmul", "--dtypes", "float32", "--mode", "lazy", "--grad", "none",
+                 "--skip-shapes", "wide", "--workers", "1", "--no-bundles", "--no-progress",
+                 "--report", str(report)])
+    capsys.readouterr()
+    doc = json.loads((report / "results.json").read_text())
+    assert code == 0 and doc["cases"], doc["summary"]
+    assert doc["run"]["selection"]["skip_shapes"] == ["wide"]
+    assert {c["family"] for c in doc["cases"]} and all(c["family"] != "wide" for c in doc["cases"])

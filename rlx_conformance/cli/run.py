@@ -56,12 +56,13 @@ def cmd_run(args) -> int:
         graph_ids = [c for c in args.case if is_graph(c)]
         op_ids = [c for c in args.case if not is_graph(c)]
         cases = (find_cases(op_ids) if op_ids else []) + find_graph_cases(graph_ids)
-    elif graphs_only(args):  # --ops 'graph:*': the graph cases alone
-        cases = graph_cases(args)
     else:
-        cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32, grads=kinds,
-                            layouts=args.layouts)
-        cases = layout_cases(args, cases) + graph_cases(args)
+        if graphs_only(args):  # --ops 'graph:*': the graph cases alone
+            cases = graph_cases(args)
+        else:
+            cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32, grads=kinds,
+                                layouts=args.layouts)
+            cases = layout_cases(args, cases) + graph_cases(args)
         if args.no_forward:
             if not kinds:
                 raise RlxError("--no-forward runs the derivative cases alone; --grad none leaves none")
