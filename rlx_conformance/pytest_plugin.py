@@ -8,7 +8,8 @@ graph cases (their ids say so, as ``rlx-conformance list`` prints them). Items r
 same isolated runner as the CLI: the first item to run starts the runner on every selected item, in order, and
 each item reports its own result as it arrives (so a kernel that crashes or hangs becomes one
 failed item, not a dead session). Under pytest-xdist each worker runs its items in-process and
-xdist's worker restart provides the crash isolation, and each worker sends its records to the
+xdist's worker restart provides the crash isolation (a hang is turned into a crash:
+run/watchdog.py), and each worker sends its records to the
 controller, which checks strict known divergences and bit-stability over the whole session (a
 stale entry fails an xdist session as it fails a plain one). ``pytest -k <exact case id>`` selects
 that case alone even where the id is a substring of another; under ``-k`` an entry is judged
@@ -70,7 +71,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                                           "globs over family names (default: as the conformance file says)")
     g.addoption("--rlx-report", help="also write results.json, and a repro bundle per failing case, into this directory")
     g.addoption("--rlx-workers", type=int, help="runner worker processes (default: one per core)")
-    g.addoption("--rlx-timeout", type=float, default=30.0, help="seconds per case before timeout")
+    g.addoption("--rlx-timeout", type=float, default=30.0, help="seconds per case before timeout (in-process, under pytest-xdist: a case past twice this ends its xdist worker, which xdist reports against the item and replaces)")
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):

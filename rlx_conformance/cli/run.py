@@ -150,7 +150,7 @@ def register(sub) -> None:
                    help="run only the derivative cases (--grad) of the selection, not the ops themselves")
     r.add_argument("--case", action="append", metavar="ID", help="run exactly this case id (repeatable)")
     r.add_argument("--report", metavar="DIR", help="report directory (default: reports/run-<time>)")
-    r.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    r.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core); 0 runs in this process, where a case past twice --timeout ends the run (resume with --resume)")
     add_timeout_options(r)
     r.add_argument("--shard", metavar="I/N", help="run only shard I of N (deterministic split)")
     r.add_argument("--resume", metavar="DIR",

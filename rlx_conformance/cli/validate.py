@@ -53,7 +53,7 @@ def register(sub) -> None:
                    help="known divergences of the built-in kernel excuse nothing")
     p.add_argument("--speed-cases", type=int, default=8, metavar="K",
                    help="passing cases to time against the built-in kernel and the reference (default 8; 0: none)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core); 0 runs in this process, where a case past twice --timeout ends it")
     add_timeout_options(p)
     p.add_argument("--show", type=int, default=5, help="worst cases to list (default 5)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

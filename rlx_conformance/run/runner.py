@@ -38,7 +38,7 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge.divergences import known_divergence
-from rlx_conformance.run import worker
+from rlx_conformance.run import watchdog, worker
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.execute import run_case
 from rlx_conformance.run.outcomes import apply_divergence
@@ -152,7 +152,8 @@ class _Worker(worker.Worker):
 
 
 class Runner:
-    """Process pool with crash and timeout isolation. ``workers=0`` runs in-process (no isolation).
+    """Process pool with crash and timeout isolation. ``workers=0`` runs in-process (no isolation:
+    a case past twice ``timeout`` ends the process, run/watchdog.py).
     ``timeout``: the most seconds a case may take; ``floor``: the kernel call's floor (None: per
     device, KERNEL_FLOOR); ``max_failures``: consecutive crashes or timeouts of one kernel that
     stop its remaining cases (0: never); see the module docstring."""
@@ -240,7 +241,8 @@ class Runner:
             worker.run_init(self.init)
             for c in cases:
                 capture: dict | None = {} if self.bundles is not None else None
-                r = run_case(c, capture)
+                with watchdog.watch(c.id, watchdog.FACTOR * self.timeout):  # no process to kill: see watchdog
+                    r = run_case(c, capture)
                 if self.bundles is not None:
                     self.bundles.collect(c, r, capture)
                 yield apply_divergence(c, r)

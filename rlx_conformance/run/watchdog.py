@@ -1,0 +1,55 @@
+"""A case that hangs in-process ends the process instead of the session never ending.
+
+The isolated runner kills a worker that runs past its limit and records the case as ``timeout``.
+In-process runs (``run --workers 0``, and the pytest plugin's items under pytest-xdist, where each
+xdist worker runs its items itself) have no process to kill: a kernel stuck in native code would
+block them forever. So an in-process case gets a watchdog: past its limit the process writes the
+case id and every thread's traceback to stderr and exits with status 1. Under xdist that is a
+crashed worker, which xdist reports against the item and replaces (the session goes on); a plain
+``--workers 0`` run stops there, its journal holding every finished case (``run --resume``).
+
+Two alarms, because a kernel may hang with or without the GIL: a Python timer thread (which can
+print the case id, but runs only if the hang releases the GIL) and, a few seconds later,
+faulthandler's C-level timer (which always fires; it prints the tracebacks, not the id).
+faulthandler's timer is process-wide: pytest's ``faulthandler_timeout`` setting, if set, is
+replaced while a case runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import sys
+import threading
+from collections.abc import Iterator
+
+# The in-process limit is this many times the run's --timeout: an isolated run retries a first
+# timeout once under the full --timeout, so a case may take up to twice that before it is
+# recorded as a timeout there; in-process the cost of firing is the whole process, so no less.
+FACTOR = 2.0
+BACKSTOP_S = 10.0  # faulthandler's timer fires this long after the Python one
+
+
+@contextlib.contextmanager
+def watch(case_id: str, limit_s: float) -> Iterator[None]:
+    """Run the block under a watchdog of ``limit_s`` seconds (<= 0: none)."""
+    if limit_s <= 0:
+        yield
+        return
+
+    def fire() -> None:
+        sys.stderr.write(f"rlx-conformance: {case_id} ran past {limit_s:g} s in-process, where there is no "
+                         "worker process to stop; exiting (tracebacks follow)\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(1)
+
+    timer = threading.Timer(limit_s, fire)
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(limit_s + BACKSTOP_S, exit=True)
+    try:
+        yield
+    finally:
+        timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
