@@ -10,7 +10,6 @@ import math
 import mlx.core as mx
 
 from rlx_conformance.backends.mlx import BACKEND
-from rlx_conformance.judge.bounds.linalg import dot_general_dims
 
 kernel = BACKEND.kernel
 LINALG = dict(cpu_stream=True, note="mx.linalg has no GPU implementation: runs on the CPU stream")
@@ -24,9 +23,12 @@ def mat_mul(a, b):
 @kernel("dot_general")
 def dot_general(lhs, rhs, *, lhs_contracting, rhs_contracting, lhs_batch, rhs_batch):
     """Transpose to [batch, free, contracting] x [batch, contracting, free], one matmul, reshape."""
-    attrs = dict(lhs_contracting=lhs_contracting, rhs_contracting=rhs_contracting,
-                 lhs_batch=lhs_batch, rhs_batch=rhs_batch)
-    lc, rc, lbt, rbt, lf, rf = dot_general_dims("dot_general", lhs.shape, rhs.shape, attrs)
+    # The axes read here, not with the reference's helper (a mistake in one reading then shows as
+    # a mismatch); the attributes were validated by the op's shape inference before the kernel runs.
+    lc, lbt = (tuple(d % lhs.ndim for d in v) for v in (lhs_contracting, lhs_batch))
+    rc, rbt = (tuple(d % rhs.ndim for d in v) for v in (rhs_contracting, rhs_batch))
+    lf = tuple(d for d in range(lhs.ndim) if d not in lc + lbt)
+    rf = tuple(d for d in range(rhs.ndim) if d not in rc + rbt)
     size = lambda x, dims: math.prod(x.shape[d] for d in dims)  # noqa: E731
     a = mx.transpose(lhs, lbt + lf + lc).reshape(size(lhs, lbt), size(lhs, lf), size(lhs, lc))
     b = mx.transpose(rhs, rbt + rc + rf).reshape(size(rhs, rbt), size(rhs, rc), size(rhs, rf))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import mlx.core as mx
 
 from rlx_conformance.backends.mlx import BACKEND, MX_DTYPES
-from rlx_conformance.judge.bounds.signal import param_view
 
 kernel = BACKEND.kernel
 
@@ -46,18 +45,25 @@ def rng_normal(mean, scale, key, *, shape):
 
 
 
+def _along(p, ndim: int, axis: int):
+    """A per-tensor (0-D) or per-axis (1-D) quantization parameter, shaped to broadcast along
+    ``axis`` of a rank-``ndim`` array. Read here, not imported: the CPU reference reads it with
+    its own helper, so a mistake in one reading cannot agree with itself."""
+    return p if p.ndim == 0 else p.reshape([p.shape[0] if d == axis % ndim else 1 for d in range(ndim)])
+
+
 @kernel("quantize", note="composed: clip(round(x / scale) + zero_point) then cast")
 def quantize(x, scale, zero_point, *, axis, to):
     lo, hi = (-128, 127) if to == "int8" else (0, 255)
-    s = param_view(scale, x.ndim, axis)
-    z = param_view(zero_point, x.ndim, axis).astype(x.dtype)
+    s = _along(scale, x.ndim, axis)
+    z = _along(zero_point, x.ndim, axis).astype(x.dtype)
     return mx.clip(mx.round(x / s) + z, lo, hi).astype(MX_DTYPES[to])
 
 
 @kernel("dequantize", note="composed: (x - zero_point) * scale")
 def dequantize(x, scale, zero_point, *, axis):
-    s = param_view(scale, x.ndim, axis)
-    z = param_view(zero_point, x.ndim, axis)
+    s = _along(scale, x.ndim, axis)
+    z = _along(zero_point, x.ndim, axis)
     return (x.astype(mx.int32) - z.astype(mx.int32)).astype(scale.dtype) * s
 
 
