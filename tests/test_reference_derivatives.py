@@ -572,14 +572,31 @@ def test_readme_figures_are_current() -> None:
                        status["left domain"], cases - status["no direction"])
 
 
+def _empty_cases() -> list[Case]:
+    """The float64 cases with an empty output or an empty input; of those whose output is not
+    empty (an empty input beside others: attention's absent mask, a 0-element sentinel), the one
+    with the smallest inputs per op, attributes and pattern of empty inputs: how a rule treats
+    them does not depend on the other inputs' size (attention's 10^6-key cases made this test
+    take 46 s on CI)."""
+    out: list[Case] = []
+    smallest: dict[tuple, Case] = {}
+    for c in _float64_cases():
+        empty = tuple(not math.prod(s) for s in c.shapes)
+        if not c.size():
+            out.append(c)
+        elif any(empty):
+            key = (c.op, c.attrs, empty)
+            if key not in smallest or max(map(math.prod, c.shapes)) < max(map(math.prod, smallest[key].shapes)):
+                smallest[key] = c
+    return out + list(smallest.values())
+
+
 def test_rules_keep_the_shapes_of_empty_cases() -> None:
     """The sample above leaves out empty cases (no direction to differentiate in), but the matrix
     runs them: every rule must return results of its inputs' (VJP) and outputs' (JVP, HVP)
     shapes there too (an exclusive scan's shift once turned a 0-element scan axis into 1)."""
     bad = []
-    for c in _float64_cases():
-        if c.size() and all(math.prod(s) for s in c.shapes):
-            continue
+    for c in _empty_cases():
         xs, attrs = make_inputs(c), c.attr_dict
         diff = _differentiable(c.op, len(xs))
         ys = _forward(CPU, c.op, xs, attrs)
