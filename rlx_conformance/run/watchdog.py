@@ -37,19 +37,37 @@ def watch(case_id: str, limit_s: float) -> Iterator[None]:
         yield
         return
 
+    err = _stderr()
+
     def fire() -> None:
-        sys.stderr.write(f"rlx-conformance: {case_id} ran past {limit_s:g} s in-process, where there is no "
-                         "worker process to stop; exiting (tracebacks follow)\n")
-        sys.stderr.flush()
-        faulthandler.dump_traceback(all_threads=True)
+        if err is not None:
+            err.write(f"rlx-conformance: {case_id} ran past {limit_s:g} s in-process, where there is no "
+                      "worker process to stop; exiting (tracebacks follow)\n")
+            err.flush()
+            faulthandler.dump_traceback(file=err, all_threads=True)
         os._exit(1)
 
     timer = threading.Timer(limit_s, fire)
     timer.daemon = True
     timer.start()
-    faulthandler.dump_traceback_later(limit_s + BACKSTOP_S, exit=True)
+    if err is not None:
+        faulthandler.dump_traceback_later(limit_s + BACKSTOP_S, exit=True, file=err)
     try:
         yield
     finally:
         timer.cancel()
-        faulthandler.cancel_dump_traceback_later()
+        if err is not None:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def _stderr():
+    """A stream with a file descriptor for faulthandler: sys.stderr, or the process's own stderr
+    where sys.stderr was replaced by one without (pytest's capsys); None if there is none."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (AttributeError, OSError, ValueError):
+            continue
+    return None
