@@ -1,0 +1,127 @@
+"""The CPU reference of softmax_cross_entropy against a high-precision evaluation of its definition,
+over the generated case matrix.
+
+docs/ops.md (loss): per row (last axis = classes), -sum_c t_c log_softmax(x)_c = sum_c t_c (lse -
+x_c) with lse = log sum_c exp(x_c), targets probabilities of the logits' shape. The oracle:
+mpmath at 113 bits (lse = m + log sum exp(x_c - m), m the row's max, exact float inputs) for rows
+of at most MP_ROW classes; longer rows (10^5 and 10^6 classes) with Python's math.exp / math.log
+(float64 libm, within 1 ulp: measured practice of glibc) and math.fsum (correctly rounded sums).
+
+The bound (the reference evaluates in float64, u = 2^-53, n classes): its lse errs by at most
+D = gamma_(2n+4)(u) (1 + |lse|) (the subtractions x_c - m, the exponentials, the sum S in [1, n]
+whose relative error becomes an absolute one through log, the final addition), and its sum of
+n products t_c (lse - x_c) by sum|t_c| D + gamma_(n+2)(u) sum|t_c| |lse - x_c| (Higham 3.1, 4.2).
+Twice that covers the fsum oracle too (same analysis, fewer roundings); plus the output dtype's
+rounding u_out |loss| (16-bit dtypes: and float32's, as their results may round through float32)
+and half its smallest subnormal.
+
+Rows with a non-finite logit or target are not asserted here: docs/ops.md gives the op no
+non-finite semantics beyond IEEE evaluation of its formula (the matrix's differential judge
+holds backends to the reference's NaN/inf pattern).
+
+Subsample: every case of the short families in every dtype; the 10^5 / 10^6-class families once
+per value class in float32.
+"""
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+
+from rlx_conformance.backends import get_backend
+from rlx_conformance.generate import matrix
+
+CPU = get_backend("cpu")
+TARGET = matrix.Target("cpu", "cpu", "eager")
+U = 2.0 ** -53
+UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11 + 2.0 ** -24,
+        "bfloat16": 2.0 ** -8 + 2.0 ** -24}
+ETA = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
+MP_ROW = 2000
+LONG = 10000
+
+
+def gamma(k: int) -> float:
+    return k * U / (1 - k * U)
+
+
+def row_oracle(x: list[float], t: list[float]) -> tuple[float, float]:
+    """(loss, lse) of one finite row."""
+    n = len(x)
+    m = max(x)
+    if n <= MP_ROW:
+        with mpmath.workprec(113):
+            s = mpmath.fsum(mpmath.exp(mpmath.mpf(v) - m) for v in x)
+            lse = m + mpmath.log(s)
+            loss = mpmath.fsum(mpmath.mpf(tc) * (lse - v) for tc, v in zip(t, x))
+            return float(loss), float(lse)
+    lse = m + math.log(math.fsum(math.exp(v - m) for v in x))
+    return math.fsum(tc * (lse - v) for tc, v in zip(t, x)), lse
+
+
+def check(case: matrix.Case, out: np.ndarray | None = None) -> str | None:
+    logits, targets = matrix.make_inputs(case)
+    if out is None:
+        (out,) = CPU.run(case.op, [logits.copy(), targets.copy()], {})
+    out = np.asarray(out)
+    if out.shape != logits.shape[:-1] or out.dtype != logits.dtype:
+        return f"shape/dtype {out.shape} {out.dtype}, want {logits.shape[:-1]} {logits.dtype}"
+    n = logits.shape[-1]
+    xs = logits.astype(np.float64).reshape(-1, n)
+    ts = targets.astype(np.float64).reshape(-1, n)
+    got = out.astype(np.float64).reshape(-1)
+    bad = []
+    for r in range(xs.shape[0]):
+        if not (np.isfinite(xs[r]).all() and np.isfinite(ts[r]).all()) or n == 0:
+            continue
+        x, t = xs[r].tolist(), ts[r].tolist()
+        want, lse = row_oracle(x, t)
+        at = np.abs(ts[r])
+        d = gamma(2 * n + 4) * (1 + abs(lse))
+        e_ref = at.sum() * d + gamma(n + 2) * float((at * np.abs(lse - xs[r])).sum())
+        bound = UNIT[case.dtype] * abs(want) + 2 * e_ref + ETA[case.dtype]
+        if not abs(got[r] - want) <= bound:
+            bad.append(f"row {r}: got {got[r]!r}, want {want!r} (bound {bound:.3g})")
+    return "; ".join(bad[:3]) if bad else None
+
+
+def cases() -> list[matrix.Case]:
+    out, seen = [], set()
+    for c in matrix.generate([TARGET], ops=["softmax_cross_entropy"]):
+        if c.shapes[0][-1] < LONG:
+            out.append(c)
+        elif c.dtype == "float32" and (c.family, c.vals) not in seen:
+            seen.add((c.family, c.vals))
+            out.append(c)
+    return out
+
+
+CASES = cases()
+
+
+def test_softmax_cross_entropy_against_high_precision() -> None:
+    failures = [f"{c.id}: {m}" for c in CASES if (m := check(c))]
+    assert CASES
+    assert not failures, f"{len(failures)} of {len(CASES)} cases:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("wrong", ["no max shift", "mean not sum", "targets swapped"])
+def test_the_oracle_rejects_a_wrong_loss(wrong: str) -> None:
+    """The comparison can fail: a loss without the max shift (overflows on large logits), the
+    mean over classes instead of the sum, or the log of the targets instead of the logits' (the
+    arguments swapped) is caught on the matrix's float32 cases."""
+    caught = 0
+    for case in (c for c in CASES if c.dtype == "float32" and c.shapes[0][-1] < LONG):
+        x, t = (v.astype(np.float64) for v in matrix.make_inputs(case))
+        with np.errstate(all="ignore"):
+            if wrong == "no max shift":
+                out = (t * (np.log(np.exp(x).sum(-1, keepdims=True)) - x)).sum(-1)
+            elif wrong == "mean not sum":
+                m = x.max(-1, keepdims=True)
+                out = (t * (m + np.log(np.exp(x - m).sum(-1, keepdims=True)) - x)).mean(-1)
+            else:
+                (out,) = CPU.run("softmax_cross_entropy", [t.astype(np.float32), x.astype(np.float32)], {})
+        caught += check(case, np.asarray(out).astype(np.float32)) is not None
+    assert caught > 0
