@@ -200,7 +200,8 @@ declare(name="fma", family="select", doc="a*b + c with a single rounding",
         inputs=(Input("a"), Input("b"), Input("c")), dtypes=dt.FLOATS,
         infer=infer.elementwise, shapes="ternary", policy=IEEE, error_inputs=_broadcast_errors(dt.FLOATS, 3))
 
-declare(name="clamp", family="select", doc="min(max(x, min), max), bounds converted to x's dtype",
+declare(name="clamp", family="select", doc="min(max(x, min), max); on integer dtypes the bounds are ceil(min) and floor(max), "
+        "and a bound beyond the dtype's range does not bind (it is not converted with wrap-around)",
         inputs=(Input("x", domain="clamp"),), dtypes=dt.NUMERIC,
         attrs=(Attr("min", "float", sweep=(-3.0, 0.0)), Attr("max", "float", sweep=(5.0, 6.0))),
         infer=infer.clamp, shapes="unary", policy=EXACT, grad_values=("kink",),
@@ -221,8 +222,8 @@ def _cast_undefined(inputs, attrs):
         return ~np.isfinite(t) | (t < lo) | (t >= float(hi + 1))
 
 
-declare(name="cast", family="cast", doc="convert to dtype `to`: float->int truncates, ->bool is x != 0, "
-        "->float16/bfloat16 rounds to nearest even",
+declare(name="cast", family="cast", doc="convert to dtype `to`: float->int truncates, int->int wraps (two's complement), ->bool "
+        "is x != 0, ->float16/bfloat16 rounds to nearest even",
         inputs=(Input("x", domain="cast"),), dtypes=dt.ALL,
         attrs=(Attr("to", "dtype", sweep=dt.ALL),),
         infer=infer.cast, shapes="unary", policy=EXACT_SZ, undefined=_cast_undefined,

@@ -96,8 +96,8 @@ def arg_reduction(name: str, doc: str) -> OpSpec:
 def scan(name: str, doc: str, *, policy: Policy = EXACT, domain: str = "real",
          values: tuple[str, ...] = SPREAD, grad_values: tuple[str, ...] = ()) -> OpSpec:
     """A running reduction along ``axis`` with ``exclusive`` and ``reverse``."""
-    return declare(name=name, family="scan", doc=doc + " (exclusive: shifted by one, identity first; "
-                   "reverse: from the end)", inputs=(Input("x", domain=domain, ranks=(1, None)),), dtypes=dt.NUMERIC,
+    return declare(name=name, family="scan", doc=doc + " (exclusive: shifted by one, the identity first: 0 for cumsum, "
+                   "1 for cum_prod, -inf or the integer dtype's smallest value for cum_max; reverse: from the end)", inputs=(Input("x", domain=domain, ranks=(1, None)),), dtypes=dt.NUMERIC,
                    attrs=_SCAN_ATTRS, infer=infer.along_axis, shapes="reduce", values=values,
                    policy=policy, error_inputs=_axis_errors(dt.NUMERIC, "axis"), grad_values=grad_values)
 
