@@ -93,11 +93,11 @@ def arg_reduction(name: str, doc: str) -> OpSpec:
 
 
 @declaration_helper
-def scan(name: str, doc: str, *, policy: Policy = EXACT, domain: str = "real",
+def scan(name: str, doc: str, identity: str, *, policy: Policy = EXACT, domain: str = "real",
          values: tuple[str, ...] = SPREAD, grad_values: tuple[str, ...] = ()) -> OpSpec:
     """A running reduction along ``axis`` with ``exclusive`` and ``reverse``."""
-    return declare(name=name, family="scan", doc=doc + " (exclusive: shifted by one, the identity first: 0 for cumsum, "
-                   "1 for cum_prod, -inf or the integer dtype's smallest value for cum_max; reverse: from the end)", inputs=(Input("x", domain=domain, ranks=(1, None)),), dtypes=dt.NUMERIC,
+    return declare(name=name, family="scan", doc=doc + f" (exclusive: shifted by one, {identity} first; "
+                   "reverse: from the end)", inputs=(Input("x", domain=domain, ranks=(1, None)),), dtypes=dt.NUMERIC,
                    attrs=_SCAN_ATTRS, infer=infer.along_axis, shapes="reduce", values=values,
                    policy=policy, error_inputs=_axis_errors(dt.NUMERIC, "axis"), grad_values=grad_values)
 
@@ -122,8 +122,8 @@ declare(name="softmax", family="reduce", doc="exp(x - max) / sum exp(x - max) al
         error_inputs=_axis_errors(dt.FLOATS, "axis"), second_order=True)
 
 # -- scans ---------------------------------------------------------------------------------------
-scan("cumsum", "running sum; ints wrap",
+scan("cumsum", "running sum; ints wrap", "0",
      policy=_bounded(cumsum_bound, "running sum: 2*gamma_(n-1)*cumsum|x|"), values=ACCUMULATE)
-scan("cum_prod", "running product; ints wrap", domain="near_one",
+scan("cum_prod", "running product; ints wrap", "1", domain="near_one",
      policy=_bounded(cumprod_bound, "running product: 2*gamma_(n-1)*|cumprod|"), values=ACCUMULATE)
-scan("cum_max", "running max, NaN-propagating", grad_values=("ties",))
+scan("cum_max", "running max, NaN-propagating", "-inf (integers: the dtype's smallest value)", grad_values=("ties",))
