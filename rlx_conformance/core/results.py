@@ -12,7 +12,8 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,11 @@ class CaseResult:
                    seed=case.seed, declared=case.declared, repeat=case.repeat, **kw)
 
     def to_json(self) -> dict[str, Any]:
-        """Strict JSON: NaN becomes null and +-inf the strings "inf"/"-inf", anywhere in the record."""
-        return _jsonable(asdict(self))
+        """Strict JSON: NaN becomes null and +-inf the strings "inf"/"-inf", anywhere in the record.
+        The fields one by one, not dataclasses.asdict: _jsonable builds fresh containers anyway,
+        and asdict's deep copy of every value was most of the parent's CPU per record (the
+        journal and results.json each encode every record)."""
+        return {name: _jsonable(getattr(self, name)) for name in _field_names(type(self))}
 
     @classmethod
     def from_json(cls, rec: dict[str, Any]) -> CaseResult:
@@ -131,7 +135,22 @@ class CaseResult:
         return cls(**kw)
 
 
+@cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+_PLAIN = (str, int, bool, type(None))  # exact types _jsonable returns as they are
+
+
 def _jsonable(v: Any) -> Any:
+    t = type(v)
+    if t in _PLAIN:
+        return v
+    if t is float:
+        return v if math.isfinite(v) else (None if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+    if is_dataclass(v) and not isinstance(v, type):  # what asdict made of a nested record
+        return _jsonable(asdict(v))
     if isinstance(v, dict):
         return {k: _jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):

@@ -13,6 +13,7 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,12 @@ class Case:
     # whose ids carry no layout segment). The reference sees the logical values either way.
     layout: str = ""
 
-    @property
+    # contiguous_id and id are cached on the instance (functools.cached_property writes the
+    # instance's __dict__, which a frozen dataclass allows and its eq/hash ignore): the runner,
+    # the scheduler, the journal and the worker each ask for them several times per case, and
+    # building them (a registry lookup, an attribute's formatting) was a visible share of the
+    # parent's CPU per case. The fields never change, so neither do they.
+    @cached_property
     def contiguous_id(self) -> str:
         """The id of the contiguous forward case this case is a layout of (its own forward id
         for a contiguous case): what seeds its inputs."""
@@ -117,7 +123,7 @@ class Case:
         target (``…/vals:random/grad:vjp`` for a derivative)."""
         return f"{self.forward_id}/grad:{self.grad}" if self.grad else self.forward_id
 
-    @property
+    @cached_property
     def id(self) -> str:
         return f"{self.input_id}/{self.target}"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -162,9 +163,12 @@ class Divergence:
         return ", ".join(f"{getattr(self, k):g} {names[k]}" for k in CAPS if getattr(self, k) is not None)
 
     def matches(self, case: CaseLike) -> bool:
+        return any(fnmatch.fnmatchcase(case.op, g) for g in self.op) and self._holds(case)
+
+    def _holds(self, case: CaseLike) -> bool:
+        """:meth:`matches` but for the op globs (scoping has already picked the entries by op)."""
         t = case.target
-        if not (any(fnmatch.fnmatchcase(case.op, g) for g in self.op)
-                and (self.dtype is None or case.dtype in self.dtype)
+        if not ((self.dtype is None or case.dtype in self.dtype)
                 and self.backend in (None, t.backend) and self.device in (None, t.device)
                 and self.mode in (None, t.mode)
                 and fnmatch.fnmatchcase(getattr(case, "grad", "") or "", self.grad or "")
@@ -466,9 +470,42 @@ class _ByOp:
 _entries_for = _ByOp()
 
 
+class _Scoping:
+    """:func:`scoping`'s last answers: the runner asks about each case several times in a row
+    (its kernel's time limit, isolation, the outcome), each a full match of every entry of its
+    op. Keyed by everything :meth:`Divergence.matches` reads, so a record's pseudo case (rejudge)
+    and the matrix Case it came from share an answer; bounded (the runner's questions about a
+    case come close together, but the runner's planning asks about every case of the run before
+    the first runs: 2^16 answers hold a whole mode of the matrix); emptied whenever
+    divergences() gives another tuple."""
+
+    SIZE = 1 << 16
+
+    def __init__(self) -> None:
+        self.divs: tuple[Divergence, ...] | None = None
+        self.hits: OrderedDict[tuple, list[Divergence]] = OrderedDict()
+
+    def __call__(self, case: CaseLike) -> list[Divergence]:
+        divs = divergences()
+        if divs is not self.divs:
+            self.divs, self.hits = divs, OrderedDict()
+        t = case.target
+        key = (case.op, case.dtype, case.id, t.backend, t.device, t.mode,
+               getattr(case, "grad", "") or "", getattr(case, "layout", "") or "")
+        hit = self.hits.get(key)
+        if hit is None:
+            hit = self.hits[key] = [d for d in _entries_for(case.op) if d._holds(case)]
+            if len(self.hits) > self.SIZE:
+                self.hits.popitem(last=False)
+        return hit
+
+
+_scoping = _Scoping()
+
+
 def scoping(case: CaseLike) -> list[Divergence]:
-    """Every entry whose scope holds ``case``, in file order."""
-    return [d for d in _entries_for(case.op) if d.matches(case)]
+    """Every entry whose scope holds ``case``, in file order (a fresh list: callers may keep it)."""
+    return list(_scoping(case))
 
 
 def known_divergence(case: CaseLike, result: Measured | None = None) -> Divergence | None:
