@@ -357,29 +357,101 @@ def _sum_to(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.sum(g, axis=axes, keepdims=True).reshape(shape)
 
 
+def _terms(d: int, n: int) -> int:
+    """The most products one result of attention's derivatives sums (:func:`attention_magnitude`)."""
+    return d * (n + 1) + n + 4
+
+
+def _exclusive_sums(a: np.ndarray) -> np.ndarray:
+    """sum_(i != j) a_i along the last axis for nonnegative a, as a prefix plus a suffix sum: no
+    subtraction from the total, which cancels where a_j dominates (1 - p_j of a saturated row's
+    largest weight is ~1e-30; 1 - p_j in floating point is 0 or ~1e-16 there)."""
+    zero = np.zeros(a.shape[:-1] + (1,))
+    before = np.cumsum(np.concatenate([zero, a[..., :-1]], -1), -1)
+    after = np.flip(np.cumsum(np.concatenate([zero, np.flip(a, -1)[..., :-1]], -1), -1), -1)
+    return before + after
+
+
+def weights_moved(p: np.ndarray, rel: np.ndarray, e: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dp, its effect on p (w - <p, w>)), |w| <= ``w`` the seeds' magnitude: dp_j = p_j rel_j +
+    p_j ((1 - p_j) e_j + sum_(i != j) p_i e_i), the weights moved by relative roundings ``rel`` and
+    by score errors ``e`` through softmax's Jacobian (attention_abs), and |dp_j| (w_j + <p, w>) +
+    p_j <|dp|, w>."""
+    dp = p * (rel + _exclusive_sums(p) * e + _exclusive_sums(p * e))
+    return dp, dp * (w + np.sum(p * w, axis=-1, keepdims=True)) + p * np.sum(dp * w, axis=-1, keepdims=True)
+
+
 def attention_abs(inputs, attrs, kind: str, seeds, saved: bool):
     """The chain rule of attention's VJP / JVP rules in absolute values (an upper bound of the
     |J|-product: each factor by its magnitude, softmax's Jacobian by |J_s|ᵀ|g| <= p (|g| + <p, |g|>)).
-    ``saved``: with each weight p_j raised by the rounding of what a backend computes it from:
-    the scores (a dot product of length d: scale |q|·|k| in units of the judge's gamma) and
-    exp of the rounded s - m (|s - m| / (n + 2), as for softmax). Inputs and seeds in float64."""
+    Inputs and seeds in float64.
+
+    ``saved``: plus what the rounding of the values a backend forms the derivative from (the
+    scores, the weights p, the softcap's slope; saved or recomputed) does to it, to first order,
+    in units of the judge's gamma_T(u) (derivative.py; T = terms + roundings >= 2d + n + 12,
+    n keys, d = head_dim):
+    * scores: |ds_j| <= gamma_(d+5) E_j, E_j = |scale| |q|.|k_j| (+ |bias_j|): the length-d dot
+      product, the scale, the softcap (1-Lipschitz, a few roundings), the bias's addition;
+    * the softmax's own roundings are relative on each weight, irreducible: exp of the rounded
+      s_j - m (u |s_j - m|: |s_j - m| / (n + 2) in these units, as for softmax), and (n + 8 +
+      ln n) u for the rest: the exp (4 ulps allowed), the sum of n exps (n - 1) with their own
+      exps (4) and arguments (u sum_i p_i |s_i - m| <= u H(p) <= u ln n), the division (1);
+      in units of gamma_T at most (n + 8 + ln n) / T_a, T_a = d (n + 1) + n + 4 <= T:
+      rel_j = |s_j - m| / (n + 2) + (n + 8 + ln n) / T_a;
+    * a score error moves the weights through softmax's Jacobian J_s = diag(p) - p pᵀ:
+      dp_j = p_j ((1 - p_j) ds_j - sum_(i != j) p_i ds_i), so
+      |dp_j| <= p_j ((1 - p_j) E_j + sum_(i != j) p_i E_i), 1 - p_j summed as sum_(i != j) p_i.
+      On a saturated (near one-hot) row it vanishes for the dominant key (1 - p_j ~ 0, the other
+      p_i ~ 0) and the others (p_j ~ 0), where raising every weight by its own score's error
+      (p_j E_j, this function before) made the query and key paths' bound 19x to 66,000x their
+      gradient (graph:attention_rope_causal: |q| ~ 20, |k| ~ 16; 0.015x to 0.018x now, float32),
+      and which on a flat row missed the normalisation's share p_j <p, E>. Exactly, p^_j - p_j =
+      p_j sum_(i != j) p_i (e^(ds_j) - e^(ds_i)) / sum_i p_i e^(ds_i), at most e^(2 D) times the
+      first-order bound, D the row's largest |ds|: covered by the units' slack
+      (T / (d + 5) > 2 >= e^(2 D)) up to score errors of 0.34, beyond which attention's output
+      itself is off by tens of percent (the forward bound's expm1(2 E)) and no first-order
+      analysis holds;
+    * the slope 1 - tanh^2(s0/c) formed from the rounded s0: 2 |t| slope E_j / c, t = tanh(s0/c),
+      plus its own roundings, (9 t^2 + 4 slope) u for 1 - t t with t within 4 ulps (it cancels as
+      the cap saturates) or sech^2 within 4: sigma_j = 2 |t| slope E_j / c + (9 t^2 + 4 slope) / T_a.
+    These propagate through the rule linearly: the softmax's derivative p (g - <p, g>) moves by
+    |dp| (|g| + <p, |g|>) + p <|dp|, |g|> (the VJP with g = dO Vᵀ, the JVP with the tangent
+    scores; :func:`weights_moved`), the weighted sums P dO (dv) and P tv by |dp|, and what the
+    slope multiplies by sigma. Products of two errors (the weights' and the seeds' or the
+    backward's own roundings) are O(u^2) and left out."""
     q, k, v, mask = inputs
     (b, sq, sk, h, hkv, d), scale, qh, kh, vh, s0, p = attention_parts(q, k, v, mask, attrs)
-    n = max(sk, 1)
     aq, ak, av = np.abs(qh), np.abs(kh), np.abs(vh)
-    pw = p
+    c, bias = attrs["logit_softcap"], attrs["mask_kind"] == "bias"
+    on = p > 0
+    slope = np.abs(softcap_slope(s0, c))
     if saved:
-        z = np.where(p > 0, s0, 0.0)
-        spread = np.abs(np.max(np.where(p > 0, s0, -np.inf), axis=-1, keepdims=True) - z)
-        pw = p * (1 + np.where(p > 0, spread, 0.0) / (n + 2) + abs(scale) * (aq @ np.swapaxes(ak, -1, -2)))
-    slope = np.abs(softcap_slope(s0, attrs["logit_softcap"]))
+        n = max(sk, 1)
+        ta = _terms(d, n)  # the judge's gamma is of at least these many terms
+        e0 = abs(scale) * (aq @ np.swapaxes(ak, -1, -2))
+        z = c * np.tanh(s0 / c) if c > 0 else s0  # the logits the softmax takes
+        e = e0
+        if bias:
+            z = z + np.broadcast_to(mask, z.shape)
+            e = e0 + np.abs(np.broadcast_to(mask, z.shape))
+        with np.errstate(invalid="ignore"):
+            top = np.max(np.where(on, z, -np.inf), axis=-1, keepdims=True)
+            rel = np.where(on, top - z, 0.0) / (n + 2) + (n + 8 + math.log(n)) / ta
+        e = np.where(on, e, 0.0)
+        t = np.tanh(s0 / c) if c > 0 else np.zeros_like(s0)
+        sigma = 2 * np.abs(t) * slope * e0 / c + (9 * t * t + 4 * slope) / ta if c > 0 else np.zeros_like(s0)
     if kind == "vjp":
         do = np.abs(attention_heads(seeds[0], b, sq, h, d))
-        dv = np.swapaxes(pw, -1, -2) @ do
+        dv = np.swapaxes(p, -1, -2) @ do
         g = do @ np.swapaxes(av, -1, -2)
-        w = pw * (g + np.sum(pw * g, axis=-1, keepdims=True))
-        gmask = _sum_to(w, mask.shape) if attrs["mask_kind"] == "bias" else None
+        w = p * (g + np.sum(p * g, axis=-1, keepdims=True))
         w0 = w * slope
+        if saved:
+            dp, dw = weights_moved(p, rel, e, g)
+            dv = dv + np.swapaxes(dp, -1, -2) @ do
+            w0 = w0 + dw * slope + w * sigma
+            w = w + dw
+        gmask = _sum_to(w, mask.shape) if bias else None
         dq = abs(scale) * (w0 @ ak)
         dk = abs(scale) * (np.swapaxes(w0, -1, -2) @ aq)
         return [attention_unheads(dq), attention_unheads(fold_heads(dk, hkv)),
@@ -388,12 +460,18 @@ def attention_abs(inputs, attrs, kind: str, seeds, saved: bool):
     tqh = np.abs(attention_heads(tq, b, sq, h, d))
     tkh = np.abs(np.repeat(attention_heads(tk, b, sk, hkv, d), h // hkv, axis=1))
     tvh = np.abs(np.repeat(attention_heads(tv, b, sk, hkv, d), h // hkv, axis=1))
-    ds = abs(scale) * (tqh @ np.swapaxes(ak, -1, -2) + aq @ np.swapaxes(tkh, -1, -2)) * slope
-    if attrs["mask_kind"] == "bias":
+    ts = abs(scale) * (tqh @ np.swapaxes(ak, -1, -2) + aq @ np.swapaxes(tkh, -1, -2))
+    ds = ts * slope
+    if bias:
         ds = ds + np.broadcast_to(np.abs(tm), ds.shape)
-    ds = np.where(p > 0, ds, 0.0)
-    dp = pw * (ds + np.sum(pw * ds, axis=-1, keepdims=True))
-    return [attention_unheads(dp @ av + pw @ tvh)]
+    ds = np.where(on, ds, 0.0)
+    out = (p * (ds + np.sum(p * ds, axis=-1, keepdims=True))) @ av + p @ tvh
+    if saved:
+        dp, moved = weights_moved(p, rel, e, ds)
+        dts = np.where(on, ts * sigma, 0.0)  # the slope's rounding
+        moved = moved + p * (dts + np.sum(p * dts, axis=-1, keepdims=True))
+        out = out + moved @ av + dp @ tvh
+    return [attention_unheads(out)]
 
 
 def attention_magnitude(inputs, attrs, kind: str, seeds):
@@ -404,7 +482,7 @@ def attention_magnitude(inputs, attrs, kind: str, seeds):
     q, k, v, mask = inputs
     _, _, sk, _, _, d = attention_dims("attention", q.shape, k.shape, v.shape, mask.shape, attrs)
     n = max(sk, 1)
-    return attention_abs(inputs, attrs, kind, seeds, saved=True), d * (n + 1) + n + 4
+    return attention_abs(inputs, attrs, kind, seeds, saved=True), _terms(d, n)
 
 
 def rope_pairs(x: np.ndarray, head_dim: int, n_rot: int, style: str):
