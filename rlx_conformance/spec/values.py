@@ -178,11 +178,20 @@ def _int_boundaries(name: str, dtype: str, attrs: Mapping[str, Any]) -> list[int
     return []
 
 
+def _to(a: np.ndarray, npd: np.dtype) -> np.ndarray:
+    """``a`` (float64 draws) as ``npd``, rounded once to nearest even (dt.narrow): ml_dtypes
+    before 0.5, which pyproject allows, converts float64 to bfloat16 through float32, rounding
+    twice, so the same case id would give other bfloat16 inputs on such a machine; the narrowing
+    here is the same on every machine (and 15x faster than ml_dtypes' own, 1.9 ms per 10^5)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return dt.narrow(np.asarray(a), dt.name_of(np.dtype(npd)))
+
+
 def _neighbours(values: Sequence[float], dtype: str, steps: int = 2) -> np.ndarray:
     """Each value rounded to dtype, with its neighbours up to ``steps`` ulp away (finite ones)."""
     npd = dt.np_dtype(dtype)
     with np.errstate(over="ignore", invalid="ignore"):
-        v = np.asarray(values, np.float64).astype(npd)
+        v = _to(np.asarray(values, np.float64), npd)
     out = [v]
     up, down = v, v
     with np.errstate(all="ignore"):
@@ -232,7 +241,7 @@ def specials(dtype: str, domain: str, attrs: Mapping[str, Any]) -> np.ndarray:
     for n in named:
         bounds += _float_boundaries(n, dtype, attrs)
     with np.errstate(over="ignore"):
-        g = np.asarray(generic, np.float64).astype(npd)
+        g = _to(np.asarray(generic, np.float64), npd)
     return np.concatenate([g, _neighbours(bounds, dtype)]) if bounds else g
 
 
@@ -285,7 +294,7 @@ def make_array(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str, 
         if spec.get("integers_only"):
             u = np.floor(u)
         with np.errstate(over="ignore"):
-            out = u.astype(npd)
+            out = _to(u, npd)
     out = np.asarray(out, dtype=npd)
     if vals == "special" and n:
         pool = specials(dtype, domain, attrs)
@@ -309,8 +318,8 @@ def _grad_class(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str,
     if vals == "ties":
         # Positions and values from the stream every input shares, drawn together so that inputs
         # of different sizes (broadcasting) agree on their common prefix: a == b where both pick.
-        pool = np.array([lo, math.floor((lo + hi) / 2) if spec.get("integers_only") else (lo + hi) / 2,
-                         hi]).astype(npd)
+        pool = _to(np.array([lo, math.floor((lo + hi) / 2) if spec.get("integers_only") else (lo + hi) / 2,
+                             hi]), npd)
         r = stream.shared("ties").raw(n)
         pick = (r & np.uint64(1)).astype(bool)
         new = pool[((r >> np.uint64(1)) % np.uint64(len(pool))).astype(np.int64)]
@@ -330,7 +339,7 @@ def _grad_class(stream: Stream, shape: tuple[int, ...], dtype: str, domain: str,
     dist = np.exp2(stream.uniform(n, -2.0 * (dt.finfo(dtype).mant_bits + 1), 0.0))
     side = np.where(stream.coin(n), 1.0, -1.0)
     near = np.where(stream.choice(n, 4) == 0, at.astype(np.float64), centre + side * dist)
-    return np.where(pick, np.clip(near, lo, hi).astype(npd), flat).astype(npd).reshape(shape)
+    return np.where(pick, _to(np.clip(near, lo, hi), npd), flat).astype(npd).reshape(shape)
 
 
 def _spread(stream: Stream, n: int, dtype: str) -> np.ndarray:
@@ -343,7 +352,7 @@ def _spread(stream: Stream, n: int, dtype: str) -> np.ndarray:
         return (c + stream.integers(n, -8, 8)).astype(npd)
     fi = dt.finfo(dtype)
     c = 2.0 ** min(fi.mant_bits - 2, 20)
-    return (c * (1 + 2.0**-10 * stream.uniform(n, -1, 1))).astype(npd)
+    return _to(c * (1 + 2.0**-10 * stream.uniform(n, -1, 1)), npd)
 
 
 def _accumulation(stream: Stream, shape: tuple[int, ...], dtype: str, vals: str, kind: str) -> np.ndarray:
@@ -383,4 +392,4 @@ def _accumulation(stream: Stream, shape: tuple[int, ...], dtype: str, vals: str,
     else:
         limit = math.sqrt(fi.max) / max(total, 1.0)
         out = v * (2.0 ** math.floor(math.log2(limit)) if limit < 1 else 1.0)
-    return out.astype(npd)
+    return _to(out, npd)
