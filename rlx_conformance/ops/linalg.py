@@ -373,7 +373,9 @@ declare(name="det", family="linalg", doc="determinant of A [..., n, n] (1 for n 
         policy=Policy(bound=judge.det_bound, bound_reason="LU backward error through the "
                       "adjugate: eps * sum |P||L||U| |adj A|^T + gamma_n |det|"),
         error_inputs=lambda: [("non-square", [np.ones((2, 3), np.float32)], {})])
-declare(name="log_det", family="linalg", doc="log |det A| of A [..., n, n] (-inf when singular; 0 for n = 0)",
+declare(name="log_det", family="linalg", doc="log |det A| of A [..., n, n] (-inf where the LU factorization meets a zero pivot; a matrix "
+            "singular only in exact arithmetic (two equal rows) may factor with no zero pivot and give "
+            "a finite value, within the det's error bound of singular; 0 for n = 0)",
         inputs=(Input("A", ranks=(2, None)),), dtypes=FLOATS, infer=_det_infer, shapes="linalg_square",
         values=_DET_VALUES, generate=det_generate,
         policy=Policy(bound=judge.log_det_bound, bound_reason="relative det bound + rounding of "
