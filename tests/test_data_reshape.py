@@ -41,12 +41,13 @@ def baselines() -> dict[str, records.Report]:
 
 
 # -- the tolerance lock ---------------------------------------------------------------------------
-# (checked, violations, tighter, unlocked): 4,939 CPU groups x modes, all locked and within the
-# lock (2,290 before the baseline of 2026-12-04, which added the derivative, backward-op, layout
+# (checked, violations, tighter, unlocked): 4,936 CPU groups x modes, all locked and within the
+# lock (4,939 before the attention derivative bound's first-order weight term, under which
+# attention_backward_q/float64 has no passing case left in any of the 3 modes; 2,290 before the baseline of 2026-12-04, which added the derivative, backward-op, layout
 # and graph groups of issues 16 and 17; 2,287 before issue 14: float64 attention, all xfail
 # before, now has passing cases in each mode); the GPU's 2,332 groups are not locked (the lock
 # covers the CPU targets)
-OLD_LOCK_VERDICTS = {CPU: (4939, 0, 0, 0), GPU: (0, 0, 0, 2332), GPU_REPEAT: (0, 0, 0, 4)}
+OLD_LOCK_VERDICTS = {CPU: (4936, 0, 0, 0), GPU: (0, 0, 0, 2332), GPU_REPEAT: (0, 0, 0, 4)}
 
 
 @pytest.mark.parametrize("path", sorted(OLD_LOCK_VERDICTS))
