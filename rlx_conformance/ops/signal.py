@@ -337,7 +337,10 @@ def gen_xent(stream, shapes, dtype, attrs, vals):
 
 
 declare(name="softmax_cross_entropy", family="loss", doc="per row (last axis = classes): "
-        "-sum_c targets_c * log_softmax(logits)_c, with targets probabilities of the same shape",
+        "-sum_c targets_c * log_softmax(logits)_c, with targets probabilities of the same shape; "
+        "non-finite inputs follow IEEE arithmetic through sum_c t_c (lse - l_c), lse = m + log sum exp(l - m): "
+        "a row with a +inf logit, or with every logit -inf, is NaN (inf - inf); a -inf logit adds "
+        "t_c * inf (+inf where t_c > 0, NaN where t_c = 0); a NaN anywhere in the row gives NaN",
         inputs=(Input("logits", ranks=(1, None)), Input("targets", ranks=(1, None))), dtypes=FLOATS,
         infer=infer_xent, shapes="xent", generate=gen_xent,
         values=("random", "special", "spread") + ACCUMULATION_CLASSES,
