@@ -15,9 +15,11 @@ Twice that covers the fsum oracle too (same analysis, fewer roundings); plus the
 rounding u_out |loss| (16-bit dtypes: and float32's, as their results may round through float32)
 and half its smallest subnormal.
 
-Rows with a non-finite logit or target are not asserted here: docs/ops.md gives the op no
-non-finite semantics beyond IEEE evaluation of its formula (the matrix's differential judge
-holds backends to the reference's NaN/inf pattern).
+Rows with a non-finite logit or target are asserted by docs/ops.md's rule for them (IEEE
+arithmetic through sum_c t_c (lse - x_c)), written here with Python floats: NaN for a NaN
+anywhere, a +inf logit, or every logit -inf; else each class adds t_c * inf for x_c = -inf and
+t_c (lse - x_c) otherwise (lse by the float64 formula, math.fsum), and the row is their IEEE sum
+(NaN where +inf meets -inf): never finite, asserted exactly.
 
 Subsample: every case of the short families in every dtype; the 10^5 / 10^6-class families once
 per value class in float32.
@@ -61,6 +63,21 @@ def row_oracle(x: list[float], t: list[float]) -> tuple[float, float]:
     return math.fsum(tc * (lse - v) for tc, v in zip(t, x)), lse
 
 
+def nonfinite_row(x: list[float], t: list[float]) -> float:
+    """docs/ops.md's value of a row with a non-finite logit or target, by IEEE rules on Python
+    floats (0 * inf is NaN, inf + -inf is NaN); finite only where every term is."""
+    if any(math.isnan(v) for v in x + t) or math.inf in x or all(v == -math.inf for v in x):
+        return math.nan
+    m = max(x)
+    lse = m + math.log(math.fsum(math.exp(v - m) for v in x))
+    terms = [tc * math.inf if v == -math.inf else tc * (lse - v) for tc, v in zip(t, x)]
+    if any(math.isnan(v) for v in terms) or (math.inf in terms and -math.inf in terms):
+        return math.nan
+    if math.inf in terms or -math.inf in terms:
+        return math.inf if math.inf in terms else -math.inf
+    return math.fsum(terms)
+
+
 def check(case: matrix.Case, out: np.ndarray | None = None) -> str | None:
     logits, targets = matrix.make_inputs(case)
     if out is None:
@@ -74,8 +91,13 @@ def check(case: matrix.Case, out: np.ndarray | None = None) -> str | None:
     got = out.astype(np.float64).reshape(-1)
     bad = []
     for r in range(xs.shape[0]):
-        if not (np.isfinite(xs[r]).all() and np.isfinite(ts[r]).all()) or n == 0:
+        if n == 0:
             continue
+        if not (np.isfinite(xs[r]).all() and np.isfinite(ts[r]).all()):
+            want = nonfinite_row(xs[r].tolist(), ts[r].tolist())
+            if not (math.isnan(want) and math.isnan(got[r]) or want == got[r]):
+                bad.append(f"row {r} (non-finite inputs): got {got[r]!r}, want {want!r}")
+            continue  # a row with a non-finite input has a non-finite value (t_c * inf, NaN)
         x, t = xs[r].tolist(), ts[r].tolist()
         want, lse = row_oracle(x, t)
         at = np.abs(ts[r])
@@ -107,11 +129,12 @@ def test_softmax_cross_entropy_against_high_precision() -> None:
     assert not failures, f"{len(failures)} of {len(CASES)} cases:\n" + "\n".join(failures[:20])
 
 
-@pytest.mark.parametrize("wrong", ["no max shift", "mean not sum", "targets swapped"])
+@pytest.mark.parametrize("wrong", ["no max shift", "mean not sum", "targets swapped", "0 log 0 = 0"])
 def test_the_oracle_rejects_a_wrong_loss(wrong: str) -> None:
     """The comparison can fail: a loss without the max shift (overflows on large logits), the
-    mean over classes instead of the sum, or the log of the targets instead of the logits' (the
-    arguments swapped) is caught on the matrix's float32 cases."""
+    mean over classes instead of the sum, the log of the targets instead of the logits' (the
+    arguments swapped), or a loss that leaves out classes of target 0 (0 log 0 = 0: finite where
+    a -inf logit meets a zero target, NaN by the spec) is caught on the matrix's float32 cases."""
     caught = 0
     for case in (c for c in CASES if c.dtype == "float32" and c.shapes[0][-1] < LONG):
         x, t = (v.astype(np.float64) for v in matrix.make_inputs(case))
@@ -121,6 +144,10 @@ def test_the_oracle_rejects_a_wrong_loss(wrong: str) -> None:
             elif wrong == "mean not sum":
                 m = x.max(-1, keepdims=True)
                 out = (t * (m + np.log(np.exp(x - m).sum(-1, keepdims=True)) - x)).mean(-1)
+            elif wrong == "0 log 0 = 0":  # a class with target 0 left out (a -inf logit there: not NaN)
+                m = x.max(-1, keepdims=True)
+                lse = m + np.log(np.exp(x - m).sum(-1, keepdims=True))
+                out = np.where(t == 0, 0.0, t * (lse - x)).sum(-1)
             else:
                 (out,) = CPU.run("softmax_cross_entropy", [t.astype(np.float32), x.astype(np.float32)], {})
         caught += check(case, np.asarray(out).astype(np.float32)) is not None
