@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cold.py [--ops GLOB] [--dtypes GLOB] [--mode compiled] [--grad none|all|KINDS]
                                     [--layouts none|default|all] [--graphs none|all|GLOB] [--sample K]
-                                    [--sample-grad K] [--workers N] [--order schedule|natural] [--count-only] [--json PATH]
+                                    [--sample-grad K] [--skip-shapes G] [--workers N] [--order schedule|natural] [--count-only] [--json PATH]
 
 MLX's compiled mode on the CPU generates C++ for each new fused graph and compiles it with
 ``g++`` (a shell command, found on PATH), caching source and library under
@@ -93,7 +93,8 @@ def build(argv: list[str]):
     else:
         cases = cli_run.build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32,
                                     grads=kinds, layouts=args.layouts)
-        cases = cli_run.thin_variants(layout_cases(args, cases) + cli_run.graph_cases(args), args.sample_grad)
+        cases = layout_cases(args, cases) + cli_run.graph_cases(args)
+    cases = cli_run.skip_shapes(cli_run.thin_variants(cases, args.sample_grad), split(args.skip_shapes))
     return sample(cases, args.sample) if args.sample > 1 else cases
 
 
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--graphs", default=None)
     ap.add_argument("--sample", type=int, default=1, help="every K-th input set of each op and dtype")
     ap.add_argument("--sample-grad", type=int, default=1, help="run's --sample-grad K (tox -e mlx: 8)")
+    ap.add_argument("--skip-shapes", default="", help="run's --skip-shapes GLOBS (tox -e mlx: huge)")
     ap.add_argument("--workers", type=int, default=2, help="0: in-process, with per-family attribution")
     ap.add_argument("--order", choices=("schedule", "natural"), default="schedule")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
@@ -133,6 +135,7 @@ def main() -> None:
     argv += ["--dtypes", args.dtypes] if args.dtypes else []
     argv += ["--graphs", args.graphs] if args.graphs else []
     argv += ["--sample-grad", str(args.sample_grad)] if args.sample_grad > 1 else []
+    argv += ["--skip-shapes", args.skip_shapes] if args.skip_shapes else []
     tmp_env = os.environ.get(CHILD)
     if tmp_env is None:
         # MLX reads TMPDIR once per process: the measurement runs in a fresh interpreter whose
