@@ -350,16 +350,6 @@ def add_grads(a: Grads, b: Grads) -> Grads:
 SAVED_TERMS: dict[str, Callable[[list[np.ndarray], dict, str, Grads], Grads]] = {}
 
 
-def exclusive_sums(a: np.ndarray, axis: int) -> np.ndarray:
-    """sum_{j != i} a_j along ``axis`` for nonnegative a, as a prefix plus a suffix sum (no
-    subtraction from the total, which cancels where a_i dominates)."""
-    w = np.moveaxis(a, axis, -1)
-    zero = np.zeros(w.shape[:-1] + (1,))
-    before = np.cumsum(np.concatenate([zero, w[..., :-1]], -1), -1)
-    after = np.flip(np.cumsum(np.concatenate([zero, np.flip(w, -1)[..., :-1]], -1), -1), -1)
-    return np.moveaxis(before + after, -1, axis)
-
-
 def _swap(a: np.ndarray) -> np.ndarray:
     return np.swapaxes(a, -1, -2)
 

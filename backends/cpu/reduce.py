@@ -16,7 +16,6 @@ from rlx_conformance.backends.cpu import BACKEND
 from rlx_conformance.backends.cpu._grad import (
     SAVED_TERMS,
     exclusive_products,
-    exclusive_sums,
     multilinear,
     selection,
     selection_radius,
@@ -24,6 +23,7 @@ from rlx_conformance.backends.cpu._grad import (
     softmax_hvp_magnitude_parts,
     softmax_hvp_parts,
 )
+from rlx_conformance.judge.bounds.reduce import exclusive_sums
 
 kernel = BACKEND.kernel
 

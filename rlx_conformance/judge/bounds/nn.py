@@ -31,6 +31,7 @@ from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core.errors import SpecError
 from rlx_conformance.judge.bounds.gamma import gamma, uc
 from rlx_conformance.judge.bounds.linalg import U64
+from rlx_conformance.judge.bounds.reduce import exclusive_sums
 from rlx_conformance.judge.compare import ANYTHING, FINITE, NAN, NEG_INF, POS_INF, Bound
 from rlx_conformance.spec import infer
 
@@ -362,22 +363,12 @@ def _terms(d: int, n: int) -> int:
     return d * (n + 1) + n + 4
 
 
-def _exclusive_sums(a: np.ndarray) -> np.ndarray:
-    """sum_(i != j) a_i along the last axis for nonnegative a, as a prefix plus a suffix sum: no
-    subtraction from the total, which cancels where a_j dominates (1 - p_j of a saturated row's
-    largest weight is ~1e-30; 1 - p_j in floating point is 0 or ~1e-16 there)."""
-    zero = np.zeros(a.shape[:-1] + (1,))
-    before = np.cumsum(np.concatenate([zero, a[..., :-1]], -1), -1)
-    after = np.flip(np.cumsum(np.concatenate([zero, np.flip(a, -1)[..., :-1]], -1), -1), -1)
-    return before + after
-
-
 def weights_moved(p: np.ndarray, rel: np.ndarray, e: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dp, its effect on p (w - <p, w>)), |w| <= ``w`` the seeds' magnitude: dp_j = p_j rel_j +
     p_j ((1 - p_j) e_j + sum_(i != j) p_i e_i), the weights moved by relative roundings ``rel`` and
     by score errors ``e`` through softmax's Jacobian (attention_abs), and |dp_j| (w_j + <p, w>) +
     p_j <|dp|, w>."""
-    dp = p * (rel + _exclusive_sums(p) * e + _exclusive_sums(p * e))
+    dp = p * (rel + exclusive_sums(p) * e + exclusive_sums(p * e))
     return dp, dp * (w + np.sum(p * w, axis=-1, keepdims=True)) + p * np.sum(dp * w, axis=-1, keepdims=True)
 
 

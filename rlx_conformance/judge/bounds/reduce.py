@@ -26,6 +26,19 @@ from rlx_conformance.judge.bounds.summation import (
 from rlx_conformance.judge.compare import Bound
 
 
+def exclusive_sums(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    """sum_(j != i) a_j along ``axis`` for nonnegative a, as a prefix plus a suffix sum: no
+    subtraction from the total, which cancels where a_i dominates (1 - p_i of a saturated
+    softmax row's largest weight is ~1e-30; 1 - p_i in floating point is 0 or ~1e-16 there).
+    The attention derivative's bound (nn.py) and the CPU reference's magnitudes of reductions
+    (backends/cpu/_grad.py) read it."""
+    w = np.moveaxis(a, axis, -1)
+    zero = np.zeros(w.shape[:-1] + (1,))
+    before = np.cumsum(np.concatenate([zero, w[..., :-1]], -1), -1)
+    after = np.flip(np.cumsum(np.concatenate([zero, np.flip(w, -1)[..., :-1]], -1), -1), -1)
+    return np.moveaxis(before + after, -1, axis)
+
+
 def _reduced(x: np.ndarray, attrs) -> tuple[tuple[int, ...], int]:
     axes = attrs["axes"] or tuple(range(x.ndim))
     axes = tuple(a % x.ndim for a in axes) if x.ndim else ()
