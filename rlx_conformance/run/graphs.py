@@ -59,9 +59,8 @@ def jacobian_product(op: str, kind: str, xs: list[np.ndarray], attrs: dict[str, 
     the CPU backend's derivative magnitude (DerivativeRule.magnitude) less the part of it that is
     not the Jacobian's product with the seeds, the sensitivity to the rounding of the forward
     values a derivative is computed from (backends/cpu/_grad.SAVED_TERMS), which the derivative
-    judge multiplies by u and which is no propagation of an input's error (attention's is ~1e2
-    where |J| e is ~1e-5). UnsupportedError where the op declares no magnitude and the dense
-    Jacobian is too large."""
+    judge multiplies by u and which is no propagation of an input's error. UnsupportedError where
+    the op declares no magnitude and the dense Jacobian is too large."""
     mags, _ = get_backend("cpu").run_magnitude(op, kind, xs, attrs, seeds)
     saved = SAVED_TERMS.get(op)
     if saved is None:
