@@ -58,24 +58,12 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 import rlx_conformance.backends
-from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 
-CPU = get_backend("cpu")
-TARGET = matrix.Target("cpu", "cpu", "eager")
-U64 = 2.0 ** -53
+from oracle_common import CPU, ETA, TARGET, U64, UNIT, gamma
 
-# unit roundoff and half the smallest subnormal of each output dtype
-UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11 + 2.0 ** -24,
-        "bfloat16": 2.0 ** -8 + 2.0 ** -24}
-ETA = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
 MAX = {"float64": float(np.finfo(np.float64).max), "float32": float(np.finfo(np.float32).max),
        "float16": float(np.finfo(np.float16).max), "bfloat16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)}
-
-
-def gamma(n: int, u: float = U64) -> float:
-    """Higham's gamma_n = n u / (1 - n u): the relative error bound of an n-term recursive sum."""
-    return n * u / (1 - n * u)
 
 
 # -- onnx.reference, one node at a time -----------------------------------------------------------

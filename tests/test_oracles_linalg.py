@@ -30,15 +30,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 
-CPU = get_backend("cpu")
-TARGET = matrix.Target("cpu", "cpu", "eager")
-U = 2.0 ** -53
-UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11 + 2.0 ** -24,
-        "bfloat16": 2.0 ** -8 + 2.0 ** -24}
-ETA = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
+from oracle_common import CPU, ETA, TARGET, UNIT, U64 as U, assert_each_case
 
 
 def mat_mul_operands(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
@@ -139,14 +133,7 @@ CASES = list(matrix.generate([TARGET], ops=["mat_mul", "dot_general"]))
 
 @pytest.mark.parametrize("op", ["mat_mul", "dot_general"])
 def test_reference_against_correctly_rounded_dot_products(op: str) -> None:
-    failures, n = [], 0
-    for case in (c for c in CASES if c.op == op):
-        n += 1
-        msg = check(case)
-        if msg:
-            failures.append(f"{case.id}: {msg}")
-    assert n > 0
-    assert not failures, f"{len(failures)} of {n} cases:\n" + "\n".join(failures[:20])
+    assert_each_case((c for c in CASES if c.op == op), check)
 
 
 @pytest.mark.parametrize("op", ["mat_mul", "dot_general"])

@@ -25,13 +25,11 @@ import math
 import numpy as np
 import pytest
 
-from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 from rlx_conformance.judge import accuracy, precise
 from rlx_conformance.run import execute
 
-CPU = get_backend("cpu")
-TARGET = matrix.Target("cpu", "cpu", "eager")
+from oracle_common import CPU, TARGET, assert_each_case
 SMALL = 5000
 OPS = sorted(precise.ELEMENTWISE) + list(precise.REDUCTIONS)
 
@@ -66,14 +64,7 @@ def verdict(case: matrix.Case, out: list[np.ndarray] | None = None) -> str | Non
 
 @pytest.mark.parametrize("op", OPS)
 def test_reference_within_budget_of_the_precise_oracle(op: str) -> None:
-    failures, n = [], 0
-    for case in cases(op):
-        n += 1
-        msg = verdict(case)
-        if msg:
-            failures.append(f"{case.id}: {msg[:300]}")
-    assert n > 0
-    assert not failures, f"{len(failures)} of {n} cases:\n" + "\n".join(failures[:10])
+    assert_each_case(cases(op), lambda case: (verdict(case) or "")[:300] or None, show=10)
 
 
 @pytest.mark.parametrize("op", ["exp", "add", "reduce_sum"])

@@ -27,11 +27,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 
-CPU = get_backend("cpu")
-TARGET = matrix.Target("cpu", "cpu", "eager")
+from oracle_common import CPU, TARGET, assert_each_case
 SMALL = 5000
 INT = {"int8": (8, True), "int16": (16, True), "int32": (32, True), "int64": (64, True),
        "uint8": (8, False), "uint32": (32, False)}
@@ -189,14 +187,7 @@ def check(case: matrix.Case, out: np.ndarray | None = None) -> list[str]:
 
 @pytest.mark.parametrize("op", EXACT + INTEGER)
 def test_reference_against_python_loops(op: str) -> None:
-    failures, n = [], 0
-    for case in (c for c in CASES if c.op == op):
-        n += 1
-        bad = check(case)
-        if bad:
-            failures.append(f"{case.id}: {bad}")
-    assert n > 0
-    assert not failures, f"{len(failures)} of {n} cases:\n" + "\n".join(failures[:20])
+    assert_each_case((c for c in CASES if c.op == op), check)
 
 
 def test_subsample_keeps_every_attribute_family_and_value_class() -> None:

@@ -36,15 +36,12 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 
-CPU = get_backend("cpu")
-TARGET = matrix.Target("cpu", "cpu", "eager")
+from oracle_common import CPU, ETA, TARGET, assert_each_case
 INT64_MIN = -(2 ** 63)
 BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-ETA = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
 
 
 def onnx_run(op_type: str, inputs: Sequence[np.ndarray], opset: int, **attrs: Any) -> np.ndarray:
@@ -237,14 +234,7 @@ CASES = list(matrix.generate([TARGET], ops=OPS))
 @pytest.mark.parametrize("op", OPS)
 def test_reference_against_onnx_reference(op: str) -> None:
     """Every matrix case of the op, every dtype."""
-    failures, n = [], 0
-    for case in (c for c in CASES if c.op == op):
-        n += 1
-        msg = check(case)
-        if msg:
-            failures.append(f"{case.id}: {msg}")
-    assert n > 0
-    assert not failures, f"{len(failures)} of {n} cases:\n" + "\n".join(failures[:20])
+    assert_each_case((c for c in CASES if c.op == op), check)
 
 
 def _off_by_one_row(x: np.ndarray, *rest: np.ndarray, **a: Any) -> np.ndarray:

@@ -27,13 +27,10 @@ import math
 import numpy as np
 import pytest
 
-from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 
-CPU = get_backend("cpu")
-TARGET = matrix.Target("cpu", "cpu", "eager")
+from oracle_common import CPU, ETA, TARGET, assert_each_case
 UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-ETA = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
 CHUNK = 256  # output rows per block of the twiddle matrix (4096 x 4096 at once would be 268 MB)
 
 
@@ -128,9 +125,7 @@ CASES = cases()
 
 
 def test_fft_against_direct_dft() -> None:
-    failures = [f"{c.id}: {m}" for c in CASES if (m := check(c))]
-    assert CASES
-    assert not failures, f"{len(failures)} of {len(CASES)} cases:\n" + "\n".join(failures[:20])
+    assert_each_case(CASES, check)
 
 
 @pytest.mark.parametrize("wrong", ["direction", "norm", "conjugate"])

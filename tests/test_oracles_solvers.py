@@ -99,23 +99,16 @@ import mpmath
 import numpy as np
 import pytest
 
-from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 
-CPU = get_backend("cpu")
-TARGET = matrix.Target("cpu", "cpu", "eager")
+from oracle_common import CPU, TARGET, U64 as U, assert_each_case, gamma
 OPS = ["det", "log_det", "dense_solve", "batched_dense_solve", "cholesky", "triangular_solve", "svd", "qr"]
-U = 2.0 ** -53
 UNIT = {"float64": 0.0, "float32": 2.0 ** -24, "float16": 2.0 ** -11 + 2.0 ** -24,
         "bfloat16": 2.0 ** -8 + 2.0 ** -24}  # float64 outputs are the float64 result itself
 ETA = {"float64": 0.0, "float32": 2.0 ** -150, "float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
 DPS = 50  # 166 bits: far beyond float64 for the matrix's condition numbers (<= 1e12)
 GT_C = 4  # the constant of gamma~ (see the docstring)
 CASES = list(matrix.generate([TARGET], ops=OPS))
-
-
-def gamma(k: int) -> float:
-    return k * U / (1 - k * U)
 
 
 def gtilde(m: int, n: int) -> float:
@@ -677,14 +670,7 @@ CHECKS = {"det": check_det, "log_det": check_log_det, "dense_solve": check_solve
 
 @pytest.mark.parametrize("op", OPS)
 def test_reference_against_exact_and_mpmath_oracles(op: str) -> None:
-    failures, n = [], 0
-    for case in (c for c in CASES if c.op == op):
-        n += 1
-        msg = CHECKS[op](case)
-        if msg:
-            failures.append(f"{case.id}: {msg}")
-    assert n > 0
-    assert not failures, f"{len(failures)} of {n} cases:\n" + "\n".join(failures[:20])
+    assert_each_case((c for c in CASES if c.op == op), CHECKS[op])
 
 
 def _transposed_solve(case: matrix.Case, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -20,11 +20,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from rlx_conformance.backends import get_backend
 from rlx_conformance.generate import matrix
 
-CPU = get_backend("cpu")
-TARGET = matrix.Target("cpu", "cpu", "eager")
+from oracle_common import CPU, TARGET, assert_each_case
 BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -103,14 +101,7 @@ CASES = cases()
 
 @pytest.mark.parametrize("op", OPS)
 def test_reference_against_stable_sorted(op: str) -> None:
-    failures, n = [], 0
-    for case in (c for c in CASES if c.op == op):
-        n += 1
-        msg = check(case)
-        if msg:
-            failures.append(f"{case.id}: {msg}")
-    assert n > 0
-    assert not failures, f"{len(failures)} of {n} cases:\n" + "\n".join(failures[:20])
+    assert_each_case((c for c in CASES if c.op == op), check)
 
 
 def test_subsample_keeps_every_dtype_attribute_and_value_class() -> None:
