@@ -8,7 +8,7 @@ case id and every thread's traceback to stderr and exits with status 1. Under xd
 crashed worker, which xdist reports against the item and replaces (the session goes on); a plain
 ``--workers 0`` run stops there, its journal holding every finished case (``run --resume``).
 
-Two alarms, because a kernel may hang with or without the GIL: a Python timer thread (which can
+Two alarms, because a kernel may hang with or without the GIL: a Python monitor thread (which can
 print the case id, but runs only if the hang releases the GIL) and, a few seconds later,
 faulthandler's C-level timer (which always fires; it prints the tracebacks, not the id).
 faulthandler's timer is process-wide: pytest's ``faulthandler_timeout`` setting, if set, is
@@ -21,7 +21,10 @@ import faulthandler
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TextIO
 
 # The in-process limit is this many times the run's --timeout: an isolated run retries a first
 # timeout once under the full --timeout, so a case may take up to twice that before it is
@@ -30,32 +33,72 @@ FACTOR = 2.0
 BACKSTOP_S = 10.0  # faulthandler's timer fires this long after the Python one
 
 
+@dataclass(frozen=True)
+class _Armed:
+    case_id: str
+    limit_s: float
+    deadline: float  # time.monotonic()
+    err: TextIO | None
+
+
+class _Monitor:
+    """One daemon thread per process that waits for the armed case's deadline (a timer thread a
+    case cost 150 µs, 5 % of a small case in-process); arming and disarming only swap what it
+    waits for under a condition."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.armed: _Armed | None = None
+        self.pid = -1  # the process whose thread this is (none survives a fork)
+
+    def arm(self, armed: _Armed) -> None:
+        with self.cond:
+            if self.pid != os.getpid():
+                self.pid = os.getpid()
+                threading.Thread(target=self._wait, name="rlx-watchdog", daemon=True).start()
+            self.armed = armed
+            self.cond.notify()
+
+    def disarm(self) -> None:
+        with self.cond:
+            self.armed = None
+
+    def _wait(self) -> None:
+        with self.cond:
+            while True:
+                a = self.armed
+                left = None if a is None else a.deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    _fire(a)
+                self.cond.wait(left)
+
+
+_MONITOR = _Monitor()
+
+
+def _fire(a: _Armed) -> None:
+    if a.err is not None:
+        a.err.write(f"rlx-conformance: {a.case_id} ran past {a.limit_s:g} s in-process, where there is no "
+                    "worker process to stop; exiting (tracebacks follow)\n")
+        a.err.flush()
+        faulthandler.dump_traceback(file=a.err, all_threads=True)
+    os._exit(1)
+
+
 @contextlib.contextmanager
 def watch(case_id: str, limit_s: float) -> Iterator[None]:
     """Run the block under a watchdog of ``limit_s`` seconds (<= 0: none)."""
     if limit_s <= 0:
         yield
         return
-
     err = _stderr()
-
-    def fire() -> None:
-        if err is not None:
-            err.write(f"rlx-conformance: {case_id} ran past {limit_s:g} s in-process, where there is no "
-                      "worker process to stop; exiting (tracebacks follow)\n")
-            err.flush()
-            faulthandler.dump_traceback(file=err, all_threads=True)
-        os._exit(1)
-
-    timer = threading.Timer(limit_s, fire)
-    timer.daemon = True
-    timer.start()
+    _MONITOR.arm(_Armed(case_id, limit_s, time.monotonic() + limit_s, err))
     if err is not None:
         faulthandler.dump_traceback_later(limit_s + BACKSTOP_S, exit=True, file=err)
     try:
         yield
     finally:
-        timer.cancel()
+        _MONITOR.disarm()
         if err is not None:
             faulthandler.cancel_dump_traceback_later()
 
