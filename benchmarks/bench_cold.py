@@ -81,20 +81,13 @@ def family_of(case) -> str:
 
 
 def build(argv: list[str]):
-    """The cases ``rlx-conformance run ARGV`` would run (its parser and case builders)."""
+    """The cases ``rlx-conformance run ARGV`` would run (its own selection)."""
     from rlx_conformance.cli import run as cli_run
     from rlx_conformance.cli.main import build_parser
-    from rlx_conformance.cli.options import grads, layout_cases, sample, split, targets
+    from rlx_conformance.cli.options import sample
 
     args = build_parser().parse_args(["run", *argv])
-    kinds = grads(args)
-    if cli_run.graphs_only(args):
-        cases = cli_run.graph_cases(args)
-    else:
-        cases = cli_run.build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32,
-                                    grads=kinds, layouts=args.layouts)
-        cases = layout_cases(args, cases) + cli_run.graph_cases(args)
-    cases = cli_run.skip_shapes(cli_run.thin_variants(cases, args.sample_grad), split(args.skip_shapes))
+    cases = cli_run.select_cases(args)
     return sample(cases, args.sample) if args.sample > 1 else cases
 
 

@@ -4,6 +4,7 @@ the keys of options.summary_doc plus repro_bundles, repro_dir and exit, and exha
 --exhaustive: cli/exhaustive.py's sweep_after_run); exit 1 when any case is bad."""
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import Counter
 from pathlib import Path
@@ -36,6 +37,7 @@ from rlx_conformance.cli.options import (
 from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.graphs import is_graph
+from rlx_conformance.generate.matrix import Case
 from rlx_conformance.run.session import (
     build_cases,
     default_report_dir,
@@ -47,27 +49,35 @@ from rlx_conformance.run.session import (
 )
 
 
+def select_cases(args: argparse.Namespace) -> list[Case]:
+    """The cases ``run ARGS`` selects before --shard and --sample take their part: by --case ids,
+    else the matrix's (or the graphs' alone for ``--ops 'graph:*'``) with their layout and graph
+    cases, --no-forward, --sample-grad and --skip-shapes applied (benchmarks/bench_cold.py builds
+    its runs with it too)."""
+    if args.case:
+        graph_ids = [c for c in args.case if is_graph(c)]
+        op_ids = [c for c in args.case if not is_graph(c)]
+        return (find_cases(op_ids) if op_ids else []) + find_graph_cases(graph_ids)
+    kinds = grads(args)
+    if graphs_only(args):  # --ops 'graph:*': the graph cases alone
+        cases = graph_cases(args)
+    else:
+        cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32, grads=kinds,
+                            layouts=args.layouts)
+        cases = layout_cases(args, cases) + graph_cases(args)
+    if args.no_forward:
+        if not kinds:
+            raise RlxError("--no-forward runs the derivative cases alone; --grad none leaves none")
+        cases = [c for c in cases if c.grad]
+    return skip_shapes(thin_variants(cases, args.sample_grad), split(args.skip_shapes))
+
+
 def cmd_run(args) -> int:
     if args.repeat < 1 or args.sample < 1 or args.sample_grad < 1:
         raise RlxError("--repeat, --sample and --sample-grad want a count >= 1")
     check_timeouts(args)
     kinds = grads(args)
-    if args.case:
-        graph_ids = [c for c in args.case if is_graph(c)]
-        op_ids = [c for c in args.case if not is_graph(c)]
-        cases = (find_cases(op_ids) if op_ids else []) + find_graph_cases(graph_ids)
-    else:
-        if graphs_only(args):  # --ops 'graph:*': the graph cases alone
-            cases = graph_cases(args)
-        else:
-            cases = build_cases(targets(args), split(args.ops), split(args.dtypes), tf32=args.tf32, grads=kinds,
-                                layouts=args.layouts)
-            cases = layout_cases(args, cases) + graph_cases(args)
-        if args.no_forward:
-            if not kinds:
-                raise RlxError("--no-forward runs the derivative cases alone; --grad none leaves none")
-            cases = [c for c in cases if c.grad]
-        cases = skip_shapes(thin_variants(cases, args.sample_grad), split(args.skip_shapes))
+    cases = select_cases(args)
     chosen = selection(cases, ops=split(args.ops), dtypes=split(args.dtypes), tf32=args.tf32,
                        sample=args.sample, case_ids=args.case, grads=kinds,
                        forward=not (args.no_forward and not args.case),
