@@ -61,6 +61,24 @@ def _scope(targets: Sequence[Target], ops: Sequence[str], layouts: str = "none")
     return cases + (generate_graphs(targets, graph_ops, supports=_declared, grads=_EVERY_GRAD) if graph_ops else [])
 
 
+class _Scopes:
+    """:func:`_scope` in every backend variant, per (op, layouts, target) and each generated once:
+    the checks ask about a hundred-odd entry parts, most of them sharing ops (every reduce_* entry
+    holds the same cases), and generating a part's ops on every target anew took 8.6 s of a
+    32,000-case run's end."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[str, str, Target], list[Case]] = {}
+
+    def cases(self, ops: Iterable[str], layouts: str, targets: Iterable[Target]) -> Iterable[Case]:
+        for t in targets:
+            for op in ops:
+                key = (op, layouts, t)
+                if key not in self._memo:
+                    self._memo[key] = list(_every_variant(_scope([t], [op], layouts)))
+                yield from self._memo[key]
+
+
 def _run_targets(results: Sequence[CaseResult]) -> tuple[set[Target], list[Target]]:
     """The run's targets (with variants) and their base targets (backend variants such as
     tf32:on/off are not targets of their own: generate on the base targets, expand every variant,
@@ -94,23 +112,32 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
     # the shape families the run held: a run of --skip-shapes huge holds no case of them, and a
     # part whose cases are all of them is another run's to match
     families = {r.family for r in results}
+    scopes = _Scopes()
+
+    def could_hold(c: Case) -> bool:
+        """Whether the run could have held case ``c`` (its target, dtype, derivative kind, shape
+        family and layout) and recorded it under its first entry."""
+        return (c.target in targets and c.dtype in dtypes and c.grad in kinds[is_graph(c.op)][0]
+                and c.family in families and getattr(c, "layout", "") in kinds[is_graph(c.op)][1])
+
     out = []
     for d, p in parts:
-        ops = [o for o in run_ops if any(fnmatchcase(o, g) for g in d.part_ops(p))]
-        scope = list(_every_variant(_scope(every, ops, _layouts(d))))
-        held = [c for c in scope if d.matches(c) and d.part(c.op, c.dtype, c.id) == p]
+        ops = sorted(o for o in run_ops if any(fnmatchcase(o, g) for g in d.part_ops(p)))
+        layouts = _layouts(d)
+        on = [t for t in every if d.device in (None, t.device) and d.mode in (None, t.mode)]
+        here = [t for t in on if t in base]  # the run's targets first: only they can warn
+        held = [c for c in scopes.cases(ops, layouts, here) if d.matches(c) and d.part(c.op, c.dtype, c.id) == p]
         # an entry of layout cases alone: only a run that held every layout case of its ops on
         # its targets and dtypes (--layouts all; default holds a few) could have held the part
-        every_layout = _layouts(d) == "none" or {
-            c.id for c in scope if c.layout and c.target in targets and c.dtype in dtypes} <= ids
+        every_layout = layouts == "none" or {
+            c.id for c in scopes.cases(ops, layouts, here) if c.layout and c.target in targets and c.dtype in dtypes} <= ids
         # a case the run could hold that the part would have been recorded under (a record
         # carries the first entry scoping it)
-        if not held or every_layout and any(
-                c.target in targets and c.dtype in dtypes and c.grad in kinds[is_graph(c.op)][0]
-                and c.family in families
-                and getattr(c, "layout", "") in kinds[is_graph(c.op)][1]
-                and kd.known_divergence(c) is d for c in held):
+        if every_layout and any(could_hold(c) and kd.known_divergence(c) is d for c in held):
             out.append((d, p))
+        elif not held and not any(d.matches(c) and d.part(c.op, c.dtype, c.id) == p
+                                  for c in scopes.cases(ops, layouts, [t for t in on if t not in base])):
+            out.append((d, p))  # no case of the whole matrix, on any target of the run's backends
     return out
 
 
@@ -120,11 +147,12 @@ def fully_covered(units: list[Unit], results: Sequence[CaseResult]) -> list[Unit
     say a divergence is gone."""
     ids = {r.id for r in results}
     targets, base = _run_targets(results)
+    scopes = _Scopes()
     out = []
     for u in units:
         d, p, op, device, mode = u
         here = [t for t in base if (t.device, t.mode) == (device, mode)]
-        scope = [c.id for c in _every_variant(_scope(here, [op], _layouts(d)))
+        scope = [c.id for c in scopes.cases([op], _layouts(d), here)
                  if c.target in targets and kd.known_divergence(c) is d and d.part(c.op, c.dtype, c.id) == p]
         if all(c in ids for c in scope):
             out.append(u)
