@@ -225,9 +225,18 @@ def write_results(path: Path, run: dict[str, Any], results: list[CaseResult],
                   stability: dict[str, Any]) -> None:
     """results.json, atomically. ``stability`` is the bit-stability section the judge layer
     classified from these results (judge.stability.classify)."""
-    doc = {"schema": SCHEMA, "run": run, "summary": summarize(results), "stability": stability,
-           "cases": [r.to_json() for r in results]}
-    atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    head = {"schema": SCHEMA, "run": run, "summary": summarize(results), "stability": stability}
+    atomic_write_text(path, dumps_results(head, [r.to_json() for r in results]))
+
+
+def dumps_results(head: dict[str, Any], cases: list[dict[str, Any]]) -> str:
+    """A results document's text: ``head``'s fields indented, then ``"cases"``, one record a line.
+    One line a record reads and greps as well as an indented one, and json's C encoder writes it
+    (``indent`` sends json to its pure-Python encoder: 2.7 s of the parent's CPU for 32,000
+    records, against 0.3 s)."""
+    text = json.dumps(head, indent=1, allow_nan=False)  # "{\n ...\n}"
+    body = ",\n".join(json.dumps(c, allow_nan=False) for c in cases)
+    return text[:-2] + ',\n "cases": [' + ("\n" + body + "\n" if cases else "") + "]\n}\n"
 
 
 class Journal:
