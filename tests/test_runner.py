@@ -258,3 +258,33 @@ def test_undeclared_dtype_that_runs_fails_unless_the_input_is_empty():
     assert r.outcome == "fail" and "add the dtype" in r.message
     r = run_case(empty[0])
     assert r.outcome == "skip" and "proves nothing" in r.message
+
+
+def test_in_process_run_leaves_out_cases_known_to_kill_their_process(monkeypatch):
+    """``workers=0`` has no process to lose: a case whose known divergence excuses a crash (here a
+    kernel that really segfaults) is left out as a skip naming the entry, and the run goes on. The
+    entry neither "matched no case" nor goes stale: what its unrun cases would show is unknown."""
+    from rlx_conformance.backends import get_backend
+    from rlx_conformance.run import staleness
+
+    cases = [c for c in neg_cases() if c.size() not in (kt.ABORT_SIZE, kt.HANG_SIZE)]
+    deadly = next(c for c in cases if c.size() == kt.SEGV_SIZE)
+    entry = Divergence(key="entry-1", op=("neg",), category="backend-bug", reason="dies",
+                       excuses=frozenset({"crash"}))
+
+    def scope(c, *_):
+        return entry if c.id == deadly.id else None
+
+    for mod in (runner, outcomes, kd):
+        monkeypatch.setattr(mod, "known_divergence", scope)
+    monkeypatch.setattr(kd, "divergences", lambda: (entry,))
+    mlx = get_backend("mlx")
+    monkeypatch.setitem(mlx.kernels, "neg", mlx.kernels["neg"])  # undone after the test
+    results = list(runner.Runner(workers=0, timeout=TIMEOUT, init="kernels_for_tests:install_broken_neg").run(cases))
+    by_id = {r.id: r for r in results}
+    assert len(by_id) == len(cases)
+    left = by_id[deadly.id]
+    assert left.outcome == "skip" and left.divergence["entry"] == "entry-1" and "--workers 0" in left.message
+    assert all(r.outcome == "pass" for r in results if r.id != deadly.id)
+    stale, unmatched = kd.stale_entries(results, staleness.fully_covered)
+    assert not stale and not unmatched

@@ -37,7 +37,7 @@ from typing import Any
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, Target
-from rlx_conformance.judge.divergences import known_divergence
+from rlx_conformance.judge.divergences import Divergence, known_divergence
 from rlx_conformance.run import watchdog, worker
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.execute import run_case
@@ -135,6 +135,17 @@ def _run_task(bundles: BundleSink | None, board, task: list[Case], send: Callabl
         send((i, r))
         if why:
             raise worker.Poisoned(f"{case.id}: {why}")
+
+
+def _left_out(case: Case, d: Divergence) -> CaseResult:
+    """The record of a case an in-process run leaves out (Runner._fatal_in_process): a skip that
+    names its entry, so that the entry is neither "matched no case" nor, with its crashing cases
+    unrun, stale (judge/divergences.stale_entries)."""
+    r = CaseResult.for_case(case, "skip", message=(
+        f"not run in-process (--workers 0): known divergence {d.key} kills or corrupts the process "
+        "that runs it; a run with worker processes runs it, isolated"))
+    r.divergence = {"entry": d.key, "category": d.category, "reason": d.reason, "link": d.link, "ran": False}
+    return r
 
 
 @dataclass
@@ -240,6 +251,10 @@ class Runner:
         if self.workers == 0:
             worker.run_init(self.init)
             for c in cases:
+                d = self._fatal_in_process(c)
+                if d is not None:  # it would end the run (SIGFPE, heap corruption): nothing isolates it here
+                    yield _left_out(c, d)
+                    continue
                 capture: dict | None = {} if self.bundles is not None else None
                 with watchdog.watch(c.id, watchdog.FACTOR * self.timeout):  # no process to kill: see watchdog
                     r = run_case(c, capture)
@@ -427,6 +442,14 @@ class Runner:
         neither pass for a clean run nor crash a later, unrelated case."""
         d = known_divergence(case)
         return d is not None and d.isolate
+
+    @staticmethod
+    def _fatal_in_process(case: Case) -> Divergence | None:
+        """The known divergence for which an in-process run (``workers=0``) leaves ``case`` out:
+        one that kills or corrupts its process (it excuses a crash, or is isolated) would end the
+        whole run there, and a resumed run would meet it again. Workers run it, isolated."""
+        d = known_divergence(case)
+        return d if d is not None and (d.isolate or "crash" in d.excuses) else None
 
     @staticmethod
     def _retire(w: _Worker, pool: list[_Worker]) -> None:
