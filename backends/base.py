@@ -428,6 +428,11 @@ class Backend:
         ``option`` is the run's choice, e.g. --tf32). [""]: the backend has none for it."""
         return [""]
 
+    def worker_env(self) -> dict[str, str]:
+        """Environment variables the processes that run this backend's kernels start with (the
+        runner's workers; an in-process run sets them for its duration). None by default."""
+        return {}
+
     def variant_env(self, variant: str) -> dict[str, str]:
         """Environment a worker process needs for ``variant``, set before the backend loads."""
         return {}

@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from rlx_conformance.backends._loader import load_kernel_modules
+from rlx_conformance.backends.mlx import _jit_pch
 from rlx_conformance.backends.base import (
     Backend,
     KernelEntry,
@@ -149,6 +150,11 @@ class MlxBackend(Backend):
             return []
         return [f"no {CPU_JIT_COMPILER} on PATH: MLX's compiled mode on the CPU runs every graph unfused "
                 "there, so its fused kernels go untested (install a C++ compiler)"]
+
+    def worker_env(self) -> dict[str, str]:
+        """PATH with a g++ that compiles the CPU JIT's kernels with a precompiled MLX preamble:
+        the same kernels, 4x faster to build (_jit_pch.py)."""
+        return _jit_pch.worker_env()
 
     def variant_env(self, variant: str) -> dict[str, str]:
         return {"tf32:on": {self.TF32_ENV: "1"}, "tf32:off": {self.TF32_ENV: "0"}}.get(variant, {})

@@ -24,6 +24,7 @@ Hangs and crashes fail fast (issue 18):
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -97,6 +98,30 @@ def _variant_groups(cases: Sequence[Case]) -> list[tuple[dict[str, str], list[Ca
         env = get_backend(c.target.backend).variant_env(v) if v else {}
         groups.setdefault(tuple(sorted(env.items())), []).append(c)
     return [(dict(k), g) for k, g in groups.items()]
+
+
+def backend_env(cases: Sequence[Case]) -> dict[str, str]:
+    """The environment the backends of ``cases`` want their processes to start with
+    (Backend.worker_env: MLX's, a g++ that compiles its JIT's kernels with a precompiled header)."""
+    env: dict[str, str] = {}
+    for name in sorted({c.target.backend for c in cases}):
+        env.update(get_backend(name).worker_env())
+    return env
+
+
+@contextlib.contextmanager
+def environ(env: dict[str, str]) -> Iterator[None]:
+    """``env`` set in this process for the duration (an in-process run), as it was afterwards."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _quiet() -> None:
@@ -236,6 +261,8 @@ class Runner:
 
     def run(self, cases: Iterable[Case]) -> Iterator[CaseResult]:
         cases = list(cases)
+        if not self._split:  # what the backends' processes start with (MLX: its JIT's compiler)
+            self.env = {**backend_env(cases), **self.env}
         groups = _variant_groups(cases) if self.workers and not self._split else []
         if len(groups) > 1 or (groups and groups[0][0]):
             # Backend variants that need another environment (TF32 on/off: MLX reads it once per
@@ -249,18 +276,8 @@ class Runner:
                 self.recycled += sub.recycled
             return
         if self.workers == 0:
-            worker.run_init(self.init)
-            for c in cases:
-                d = self._fatal_in_process(c)
-                if d is not None:  # it would end the run (SIGFPE, heap corruption): nothing isolates it here
-                    yield _left_out(c, d)
-                    continue
-                capture: dict | None = {} if self.bundles is not None else None
-                with watchdog.watch(c.id, watchdog.FACTOR * self.timeout):  # no process to kill: see watchdog
-                    r = run_case(c, capture)
-                if self.bundles is not None:
-                    self.bundles.collect(c, r, capture)
-                yield apply_divergence(c, r)
+            with environ(backend_env(cases)):
+                yield from self._run_in_process(cases)
             return
         tasks = self._tasks(cases)
         pool: list[_Worker] = []
@@ -308,6 +325,21 @@ class Runner:
                     yield from self._stop_cases(pool, idle, tasks)
         finally:
             worker.stop(pool)
+
+    def _run_in_process(self, cases: list[Case]) -> Iterator[CaseResult]:
+        """``workers=0``: each case in this process, a watchdog instead of a process to kill."""
+        worker.run_init(self.init)
+        for c in cases:
+            d = self._fatal_in_process(c)
+            if d is not None:  # it would end the run (SIGFPE, heap corruption): nothing isolates it here
+                yield _left_out(c, d)
+                continue
+            capture: dict | None = {} if self.bundles is not None else None
+            with watchdog.watch(c.id, watchdog.FACTOR * self.timeout):  # no process to kill: see watchdog
+                r = run_case(c, capture)
+            if self.bundles is not None:
+                self.bundles.collect(c, r, capture)
+            yield apply_divergence(c, r)
 
     # -- limits ---------------------------------------------------------------------------------
     def _arm(self, w: _Worker) -> None:
