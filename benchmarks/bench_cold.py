@@ -2,7 +2,8 @@
 
     python benchmarks/bench_cold.py [--ops GLOB] [--dtypes GLOB] [--mode compiled] [--grad none|all|KINDS]
                                     [--layouts none|default|all] [--graphs none|all|GLOB] [--sample K]
-                                    [--sample-grad K] [--skip-shapes G] [--workers N] [--order schedule|natural] [--count-only] [--json PATH]
+                                    [--sample-grad K] [--skip-shapes G] [--workers N] [--order schedule|natural] [--no-pch] [--count-only]
+                                    [--json PATH]
 
 MLX's compiled mode on the CPU generates C++ for each new fused graph and compiles it with
 ``g++`` (a shell command, found on PATH), caching source and library under
@@ -116,6 +117,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="0: in-process, with per-family attribution")
     ap.add_argument("--order", choices=("schedule", "natural"), default="schedule")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    ap.add_argument("--no-pch", action="store_true",
+                    help="without the precompiled MLX preamble (RLX_CONFORMANCE_JIT_PCH=0): the before of it")
     ap.add_argument("--count-only", action="store_true",
                     help="stub compiler: count the kernels (exactly) without paying for them")
     args = ap.parse_args()
@@ -141,7 +144,8 @@ def main() -> None:
         wrapper.write_text(WRAPPER.format(compile=compile_line, log=tmp / "gpp.log"))
         wrapper.chmod(0o755)
         env = {**os.environ, CHILD: str(tmp), "TMPDIR": str(tmp / "tmpdir"),
-               "PATH": f"{tmp / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+               "PATH": f"{tmp / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+               **({"RLX_CONFORMANCE_JIT_PCH": "0"} if args.no_pch else {})}
         try:
             code = subprocess.run([sys.executable, __file__, *sys.argv[1:]], env=env).returncode
         finally:
@@ -154,6 +158,7 @@ def main() -> None:
     gen = time.perf_counter() - t0
 
     from rlx_conformance.run import session
+    from rlx_conformance.run.runner import backend_env
 
     ends: list[tuple[float, str]] = []  # (time.time(), id) as each result came back, in that order
     load0 = os.getloadavg()
@@ -168,6 +173,9 @@ def main() -> None:
     workers = max(args.workers, 1)
     doc: dict = {
         "selection": argv, "order": args.order, "count_only": args.count_only, "workers": args.workers,
+        # the precompiled MLX preamble (backends/mlx/_jit_pch.py), built within the run (its fresh
+        # TMPDIR): in the wall time, not among the compiles below (a compile without a .cpp source)
+        "jit_pch": bool(backend_env(cases)),
         "cases": len(cases),
         "generation_s": round(gen, 2), "wall_s": wall, "cases_per_s": round(len(cases) / wall, 1),
         "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in load1],
