@@ -134,7 +134,11 @@ def _along(op: str, x: np.ndarray, attrs: Mapping[str, Any]):
     exclusive)."""
     if "axes" in attrs:
         axes, n = _reduced(x, attrs)
-        return (lambda v: np.sum(v, axis=axes, keepdims=attrs["keep_dim"])), n
+        red = lambda v: np.sum(v, axis=axes, keepdims=attrs["keep_dim"])  # noqa: E731
+        # the bound's map (bounds/reduce.py _reducer, _scanner) for the same attributes: named
+        # alike, so that the terms are summed once for both (summation._TermsCache)
+        red.terms_key = ("sum", axes, bool(attrs["keep_dim"]))
+        return red, n
     axis = attrs["axis"] % x.ndim if x.ndim else 0
     n = x.shape[axis] if x.ndim else 1
 
@@ -147,6 +151,8 @@ def _along(op: str, x: np.ndarray, attrs: Mapping[str, Any]):
             c = np.concatenate([np.zeros_like(np.take(c, [0], axis=axis)),
                                 np.take(c, np.arange(c.shape[axis] - 1), axis=axis)], axis=axis)
         return np.flip(c, axis) if attrs["reverse"] else c
+    if x.ndim:  # a 0-d scan (the copy above) is not the bound's map
+        run.terms_key = ("scan", axis, bool(attrs["reverse"]), bool(attrs["exclusive"]))
     return run, n
 
 

@@ -23,14 +23,17 @@ How each op is computed, and why it is independent of ``backends/cpu``:
   are MPFR's either way, only faster.
 * **Reductions and scans** (reduce_sum/mean/prod, softmax, cumsum, cum_prod): numpy in the
   x87 80-bit ``longdouble`` (64-bit significand, exponent range far beyond float64), vectorized,
-  then rounded once via round-to-odd. Sums are pairwise (numpy's, over the reduced axes moved
-  into one contiguous last axis) and running sums recursive doubling, so every sum is a tree of
-  depth <= 3.5 ceil(log2 n) in 2^-64 roundings: its error before the final rounding is at most
-  3.5 ceil(log2 n) 2^-64 sum|x|, 2^11 times inside the float64 accuracy budget (3.5 ceil(log2 n)
-  2^-53 sum|x|, cases/accuracy.toml) at every n; a sequential long double sum would not be
-  (n 2^-64 is 13 times the float64 budget at n = 10^6). Products err by gamma_(n-1)(2^-64) in any
-  order, 2^11 times inside their budget gamma_(n-1)(2^-53). Where ``longdouble`` is no wider
-  than float64 (macOS on arm64, Windows), MPFR at 128 bits, element by element (slow but right).
+  then rounded once via round-to-odd (to float32: C's conversion, itself one correct rounding;
+  rounding.round_ld). Sums are pairwise (numpy's, over the reduced axes moved into one
+  contiguous last axis) and running sums recursive doubling (or, where every partial sum is
+  exact in long double, :func:`_sums_exact`, a plain running sum: the same values), so every
+  sum is a tree of depth <= 3.5 ceil(log2 n) in 2^-64 roundings: its error before the final
+  rounding is at most 3.5 ceil(log2 n) 2^-64 sum|x|, 2^11 times inside the float64 accuracy
+  budget (3.5 ceil(log2 n) 2^-53 sum|x|, cases/accuracy.toml) at every n; a sequential long
+  double sum would not be (n 2^-64 is 13 times the float64 budget at n = 10^6), unless exact.
+  Products err by gamma_(n-1)(2^-64) in any order, 2^11 times inside their budget
+  gamma_(n-1)(2^-53). Where ``longdouble`` is no wider than float64 (macOS on arm64, Windows),
+  MPFR at 128 bits, element by element (slow but right).
 
 Ops without a precise oracle are listed in :data:`NO_ORACLE` with the reason.
 
@@ -557,6 +560,51 @@ def _softmax(x: np.ndarray, axis: int, dtype: str) -> np.ndarray:
     return np.moveaxis(round_mpfr(vals, dtype, xm.shape), -1, axis)
 
 
+def _sums_exact(x: np.ndarray) -> bool:
+    """Whether every sum of elements of ``x`` (in its own float dtype) is the same in long
+    double whatever the order, so that a running sum in any order gives the recursive doubling's
+    values bit for bit. The finite terms: each is an integer multiple of its own spacing, a power
+    of two, hence of the smallest one q (that of the smallest nonzero magnitude); so is every
+    partial sum of them, at most S = sum |x| in magnitude: below 2^64 q it fits the 64-bit
+    significand, and every addition is exact (a zero's sign is then the same in every order too:
+    -0 exactly when every term is -0). S is summed in float64 (relative error < n 2^-53), and
+    compared with 2^63 q for the margin. NaN and infinite terms decide a sum alone in every order
+    (NaN with a NaN or infinities of both signs, else the infinity; no partial sum of float
+    values overflows long double). Most float32, float16 and bfloat16 inputs qualify (a span of
+    < 63 bits between the largest sum and the finest spacing), few float64 ones."""
+    if not WIDE_LONGDOUBLE or x.size < 2:
+        return False
+    ax = np.abs(x.astype(np.float64))
+    s = float(np.sum(ax))
+    if not math.isfinite(s):  # a NaN or an infinity among the terms: sum the finite ones
+        ax = ax[np.isfinite(ax)]
+        s = float(np.sum(ax))
+        if not math.isfinite(s):  # beyond float64 (never for the generated inputs)
+            return False
+    nz = ax[ax > 0]
+    if nz.size == 0:
+        return True  # zeros (and non-finite terms) only: every finite sum is a zero, its sign as above
+    fi = dt.finfo(dt.name_of(x.dtype))
+    _, e = math.frexp(float(np.min(nz)))
+    q = math.ldexp(1.0, max(e - 1, int(math.log2(fi.tiny))) - fi.mant_bits)
+    return s <= math.ldexp(q, 63)
+
+
+def _doubling(w: np.ndarray) -> np.ndarray:
+    """Running sums along the last axis by recursive doubling (Hillis and Steele 1986): after
+    the step of width s each position sums the 2s terms ending there; every result is a tree of
+    depth ceil(log2 n). Two buffers in turn: each step's sums land in the other, no temporary
+    (40 % faster at 2^17). ``w`` is overwritten."""
+    spare = np.empty_like(w)
+    step = 1
+    while step < w.shape[-1]:
+        np.add(w[..., step:], w[..., :-step], out=spare[..., step:])
+        spare[..., :step] = w[..., :step]
+        w, spare = spare, w
+        step *= 2
+    return w
+
+
 def _scan(op: str, x: np.ndarray, attrs: Mapping[str, Any], dtype: str) -> np.ndarray:
     axis = attrs["axis"] % x.ndim if x.ndim else 0
     if x.ndim == 0:
@@ -569,20 +617,13 @@ def _scan(op: str, x: np.ndarray, attrs: Mapping[str, Any], dtype: str) -> np.nd
         w = np.moveaxis(x.astype(np.longdouble), axis, -1)
         if attrs["reverse"]:
             w = np.flip(w, -1)
-        w = w.copy()
-        step = 1
         with np.errstate(all="ignore"):
             if op == "cum_prod":  # any order errs by gamma_(n-1): no tree helps a product
                 w = np.cumprod(w, axis=-1)
-            # recursive doubling (Hillis and Steele 1986): after the step of width s each position
-            # sums the 2s terms ending there; every result is a tree of depth ceil(log2 n). Two
-            # buffers in turn: each step's sums land in the other, no temporary (40 % faster at 2^17)
-            spare = np.empty_like(w) if op == "cumsum" else w
-            while op == "cumsum" and step < w.shape[-1]:
-                np.add(w[..., step:], w[..., :-step], out=spare[..., step:])
-                spare[..., :step] = w[..., :step]
-                w, spare = spare, w
-                step *= 2
+            elif _sums_exact(x):  # every partial sum exact: any order gives the tree's values
+                w = np.cumsum(w, axis=-1)
+            else:
+                w = _doubling(w.copy())  # contiguous, and its own
         c = np.moveaxis(w, -1, axis)  # still reversed where ``reverse``: undone after the shift
         if attrs["exclusive"]:
             first = np.full_like(np.take(c, [0], axis=axis), ident)

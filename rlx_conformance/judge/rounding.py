@@ -21,8 +21,10 @@ from rlx_conformance.core import dtypes as dt
 def _odd_round(hi: np.ndarray, lo: np.ndarray, to) -> np.ndarray:
     """Round hi + lo (|lo| small against hi, or lo = 0) to the binary format ``to`` (float64 or
     float32) with round-to-odd: truncate, and set the last bit when inexact."""
-    t = hi.astype(to) if to is not np.float64 else hi.copy()
-    exact_hi = t.astype(np.float64) == hi if to is not np.float64 else np.ones(hi.shape, bool)
+    if to is np.float64:
+        return _odd_round64(hi, lo)
+    t = hi.astype(to)
+    exact_hi = t.astype(np.float64) == hi
     with np.errstate(invalid="ignore"):
         rest = np.where(exact_hi, lo, (hi - t.astype(np.float64)) + lo)
     finite = np.isfinite(hi)
@@ -33,9 +35,21 @@ def _odd_round(hi: np.ndarray, lo: np.ndarray, to) -> np.ndarray:
     # overflow of the narrowing: truncation gives the largest finite value
     big = finite & np.isinf(t)
     t = np.where(big, np.copysign(np.finfo(to).max, hi).astype(to), t)
-    uint = np.uint64 if to is np.float64 else np.uint32
-    bits = t.view(uint) | inexact.astype(uint)
+    bits = t.view(np.uint32) | inexact.astype(np.uint32)
     return bits.view(to)
+
+
+def _odd_round64(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """:func:`_odd_round` to float64 on the bits: t = hi is exact (no narrowing, no overflow),
+    the step toward zero of a nonzero finite float is its bit pattern minus one (sign and
+    magnitude), and the last bit is set where inexact. Bit for bit the general path's result,
+    in a third of its passes."""
+    with np.errstate(invalid="ignore"):
+        inexact = np.isfinite(hi) & (lo != 0)
+        over = inexact & (np.sign(lo) != np.sign(hi)) & (hi != 0)
+    bits = hi.view(np.uint64) - over.view(np.uint8).astype(np.uint64)  # a fresh array: hi is read only
+    bits |= inexact
+    return bits.view(np.float64)
 
 
 def round_dd(hi: np.ndarray, lo: np.ndarray, dtype: str) -> np.ndarray:
@@ -55,11 +69,31 @@ def round_dd(hi: np.ndarray, lo: np.ndarray, dtype: str) -> np.ndarray:
         return odd32.astype(npd)  # ml_dtypes float32 -> bfloat16: round to nearest even
 
 
+def _hi_is_round_dd(hi: np.ndarray) -> bool:
+    """Whether round_dd(hi, lo, "float64") is ``hi`` itself at every position, for hi the float64
+    cast of a long double v and lo = v - hi: NaN and infinities are returned as they are; where
+    |hi| >= 2^-1000 the remainder v - hi (a multiple of v's 64-bit spacing, >= 2^-1074) is exact
+    in float64 and at most half an ulp of hi, so hi + lo rounds back to hi (at a tie to hi, the
+    even one the cast chose); +0 has lo = +0. Left to round_dd: -0 (which hi + lo turns into +0)
+    and |hi| < 2^-1000 (where lo itself is rounded)."""
+    big = np.abs(hi) >= 2.0**-1000
+    if big.all():
+        return True
+    return bool((big | np.isnan(hi) | ((hi == 0) & ~np.signbit(hi))).all())
+
+
 def round_ld(v: np.ndarray, dtype: str) -> np.ndarray:
     """A longdouble array rounded once to ``dtype``."""
     v = np.asarray(v, np.longdouble)
     with np.errstate(all="ignore"):
+        if dtype == "float32":
+            # numpy's longdouble -> float32 is C's conversion, one correct rounding (IEEE 754
+            # 5.4.2, C Annex F; x87 fstp to single, binary128's __trunctfsf2): round_dd's value
+            # bit for bit (tests/test_judge_speed.py: ties, subnormals, overflow), in one pass
+            return v.astype(np.float32)
         hi = v.astype(np.float64)
+        if dtype == "float64" and _hi_is_round_dd(hi):
+            return hi
         lo = np.where(np.isfinite(hi), (v - hi.astype(np.longdouble)).astype(np.float64), 0.0)
         # longdouble values beyond float64's range: hi is +-inf (the right rounding for every
         # output dtype, all narrower than float64)

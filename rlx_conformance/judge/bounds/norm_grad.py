@@ -39,31 +39,46 @@ from rlx_conformance.judge.compare import ANYTHING, NAN, NEG_INF, POS_INF, Bound
 # -- magnitudes (shared with backends/cpu/nn.py) ---------------------------------------------------
 def stats(x: np.ndarray, axes: tuple[int, ...], eps: float, rms: bool) -> tuple[np.ndarray, np.ndarray]:
     """(xhat, r): the normalized x and the denominator sqrt(var + eps) (sqrt(mean x^2 + eps))."""
-    d = x if rms else x - np.mean(x, axis=axes, keepdims=True)
+    xhat, r, _ = _stats(x, axes, eps, rms)
+    return xhat, r
+
+
+def _stats(x, axes, eps, rms):
+    """:func:`stats` and the mean it centred with (None for rms): what :func:`xhat_error` needs
+    too, computed once by the magnitudes below (the same operations, so the same values)."""
+    mean = None if rms else np.mean(x, axis=axes, keepdims=True)
+    d = x if rms else x - mean
     r = np.sqrt(np.mean(d * d, axis=axes, keepdims=True) + eps)
-    return d / r, r
+    return d / r, r, mean
 
 
-def xhat_error(x, axes, eps, rms):
+def xhat_error(x, axes, eps, rms, _st=None):
     """The scale of the rounding error of the normalized values every implementation saves and
     differentiates from: x - mean carries u (|x| + |mean|) (the centering's condition, large
     for values of small spread), so xhat carries u (|x| + |mean|) / r; rms: one relative
-    rounding, u |xhat|."""
-    xhat, r = stats(x, axes, eps, rms)
+    rounding, u |xhat|. ``_st``: :func:`_stats` of the same arguments, where the caller has it."""
+    xhat, r, mean = _st if _st is not None else _stats(x, axes, eps, rms)
     if rms:
         return np.abs(xhat)
-    return (np.abs(x) + np.abs(np.mean(x, axis=axes, keepdims=True))) / r
+    return (np.abs(x) + np.abs(mean)) / r
 
 
-def normalize_magnitude(x, axes, eps, rms, w):
+def _abs_xhat(x, axes, eps, rms, st):
+    """|xhat| with its own rounding error added (xhat_error), from :func:`_stats` ``st``."""
+    return np.abs(st[0]) + xhat_error(x, axes, eps, rms, st)
+
+
+def normalize_magnitude(x, axes, eps, rms, w, _st=None, _ah=None):
     """The magnitude of the terms of J w for J of xhat = (x - mean) / r, symmetric ((I - 11ᵀ/n -
     xhat xhatᵀ/n) / r; rms: no 11ᵀ/n): (w + mean(w) + |xhat| mean(|xhat| w)) / r >= |J| w. It
     is the rounding scale of every implementation (MLX, PyTorch, JAX all form g - mean(g) -
     xhat mean(g xhat)), so it is kept where those terms cancel (a row of one element, values of
     small spread), where it exceeds |J| w by far: the cancellation is the error. |xhat| is
-    taken with its own rounding error added (xhat_error)."""
-    xhat, r = stats(x, axes, eps, rms)
-    ah = np.abs(xhat) + xhat_error(x, axes, eps, rms)
+    taken with its own rounding error added (xhat_error). ``_st``, ``_ah``: :func:`_stats` and
+    :func:`_abs_xhat` of the same arguments, where the caller has them."""
+    st = _st if _st is not None else _stats(x, axes, eps, rms)
+    _, r, _ = st
+    ah = _ah if _ah is not None else _abs_xhat(x, axes, eps, rms, st)
     s = w + ah * np.mean(ah * w, axis=axes, keepdims=True)
     return (s if rms else s + np.mean(w, axis=axes, keepdims=True)) / r
 
@@ -74,11 +89,12 @@ def trailing_vjp_magnitude(x, gamma_, u, axes, eps, rms) -> tuple[list[np.ndarra
     Terms: a result sums the n normalized elements, or gamma's and beta's sums over the rows,
     and three more terms, plus three."""
     n = int(np.prod([x.shape[a] for a in axes])) if x.ndim else 1
-    xhat, _ = stats(x, axes, eps, rms)
-    ag, ah = np.abs(gamma_), np.abs(xhat) + xhat_error(x, axes, eps, rms)
+    st = _stats(x, axes, eps, rms)
+    ag, ah = np.abs(gamma_), _abs_xhat(x, axes, eps, rms, st)
     n = max(n + 3, x.size // max(gamma_.size, 1))  # gamma's and beta's sums over the rows
     lead = tuple(range(x.ndim - gamma_.ndim))
-    return [normalize_magnitude(x, axes, eps, rms, u * ag), np.sum(u * ah, axis=lead), np.sum(u, axis=lead)], n + 3
+    return [normalize_magnitude(x, axes, eps, rms, u * ag, st, ah), np.sum(u * ah, axis=lead),
+            np.sum(u, axis=lead)], n + 3
 
 
 def per_channel(p: np.ndarray, ndim: int) -> np.ndarray:
@@ -91,10 +107,12 @@ def group_terms(x: np.ndarray, gamma_: np.ndarray, num_groups: int) -> int:
     return max(x.reshape(x.shape[0], num_groups, -1).shape[2] + 3, x.size // max(gamma_.size, 1))
 
 
-def group_abs_xhat(x: np.ndarray, num_groups: int, eps: float) -> np.ndarray:
-    """|xhat| raised by its rounding error (xhat_error), per group, in x's shape."""
+def group_abs_xhat(x: np.ndarray, num_groups: int, eps: float, _st=None) -> np.ndarray:
+    """|xhat| raised by its rounding error (xhat_error), per group, in x's shape. ``_st``:
+    :func:`_stats` of the groups, where the caller has it."""
     xg = x.reshape(x.shape[0], num_groups, -1)
-    return (np.abs(stats(xg, (2,), eps, False)[0]) + xhat_error(xg, (2,), eps, False)).reshape(x.shape)
+    st = _st if _st is not None else _stats(xg, (2,), eps, False)
+    return _abs_xhat(xg, (2,), eps, False, st).reshape(x.shape)
 
 
 def group_vjp_magnitude(x, gamma_, u, num_groups, eps) -> tuple[list[np.ndarray], int]:
@@ -102,10 +120,11 @@ def group_vjp_magnitude(x, gamma_, u, num_groups, eps) -> tuple[list[np.ndarray]
     is |cotangent|."""
     n, g = x.shape[0], num_groups
     xg = x.reshape(n, g, -1)
-    ah = group_abs_xhat(x, g, eps)
+    st = _stats(xg, (2,), eps, False)
+    ah = group_abs_xhat(x, g, eps, st)
     ag = np.abs(per_channel(gamma_, x.ndim))
     other = (0,) + tuple(range(2, x.ndim))
-    mx = normalize_magnitude(xg, (2,), eps, False, (u * ag).reshape(n, g, -1))
+    mx = normalize_magnitude(xg, (2,), eps, False, (u * ag).reshape(n, g, -1), st, ah.reshape(xg.shape))
     return [mx.reshape(x.shape), np.sum(u * ah, axis=other), np.sum(u, axis=other)], group_terms(x, gamma_, g)
 
 
@@ -174,8 +193,11 @@ def _judgement(m: np.ndarray, terms: int, forward: str, out_dtype: str, certain_
 
 
 def _finite(a: np.ndarray) -> np.ndarray:
+    """``a`` in float64 with NaN and infinities made 0 (``a`` itself, read only here, when it
+    has none)."""
     a64 = np.asarray(a, np.float64)
-    return np.where(np.isfinite(a64), a64, 0.0)
+    fin = np.isfinite(a64)
+    return a64 if fin.all() else np.where(fin, a64, 0.0)
 
 
 def _normalized(x0: np.ndarray, lay: Layout, eps: float, rms: bool):
@@ -209,8 +231,13 @@ def norm_backward_bound(inputs: Sequence[np.ndarray], lay: Layout, eps: float, r
         stats_over = sums > big
         if wrt == "x":
             gp = dy * lay.param(g)
-            certain = lay.group((bad_x | np.isnan(gp)).astype(float)) > 0
-            reached = lay.group((bad_x | ~np.isfinite(gp)).astype(float)) > 0
+            gp_fin = np.isfinite(gp)
+            if not bad_x.any() and gp_fin.all():  # each group sums zeros: exactly 0, never > 0
+                certain = np.zeros(x.shape, bool)  # the shape lay.group gives
+                reached = certain
+            else:
+                certain = lay.group((bad_x | np.isnan(gp)).astype(float)) > 0
+                reached = lay.group((bad_x | ~gp_fin).astype(float)) > 0
             ag = np.abs(dy0 * lay.param(g0))
             over = stats_over | (ag > big) | (lay.group(ag) > big) | (lay.group(ag * ah) > big) | \
                 (mags[0] * r > big)

@@ -48,7 +48,9 @@ def _reduced(x: np.ndarray, attrs) -> tuple[tuple[int, ...], int]:
 
 def _reducer(x: np.ndarray, attrs: Mapping[str, Any]):
     axes, _ = _reduced(x, attrs)
-    return lambda v: np.sum(v, axis=axes, keepdims=attrs["keep_dim"])
+    run = lambda v: np.sum(v, axis=axes, keepdims=attrs["keep_dim"])  # noqa: E731
+    run.terms_key = ("sum", axes, bool(attrs["keep_dim"]))  # budgets.py builds the same map
+    return run
 
 
 def _scanner(x: np.ndarray, attrs: Mapping[str, Any]):
@@ -59,11 +61,20 @@ def _scanner(x: np.ndarray, attrs: Mapping[str, Any]):
 
     def run(v: np.ndarray) -> np.ndarray:
         v = np.flip(v, axis) if attrs["reverse"] else v
+        if attrs["exclusive"] and v.shape[axis] and v.dtype == np.float64:
+            # the running sums of all but the last term, written after a zero: the same
+            # sequential sums as shifting the full running sum, without its two copies
+            c = np.zeros(v.shape)
+            head, tail = [slice(None)] * v.ndim, [slice(None)] * v.ndim
+            head[axis], tail[axis] = slice(None, -1), slice(1, None)
+            np.cumsum(v[tuple(head)], axis=axis, out=c[tuple(tail)])
+            return np.flip(c, axis) if attrs["reverse"] else c
         c = np.cumsum(v, axis=axis)
         if attrs["exclusive"] and c.shape[axis]:
             first = np.zeros_like(np.take(c, [0], axis=axis))
             c = np.concatenate([first, np.take(c, np.arange(c.shape[axis] - 1), axis=axis)], axis=axis)
         return np.flip(c, axis) if attrs["reverse"] else c
+    run.terms_key = ("scan", axis, bool(attrs["reverse"]), bool(attrs["exclusive"]))  # budgets.py's too
     return run
 
 

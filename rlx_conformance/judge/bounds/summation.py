@@ -37,8 +37,10 @@ the dtype it judges, and may itself have taken an overflowing order (REF_MAY_OVE
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -78,13 +80,75 @@ class SumTerms:
                         self.pinf | other.pinf, self.ninf | other.ninf)
 
 
+class _TermsCache:
+    """The last few :func:`sum_terms` / :func:`prod_terms` results whose ``reduce`` names itself
+    (a ``terms_key`` attribute: the reductions and scans of bounds/reduce.py and budgets.py,
+    which build the same map from the same attributes): an op's worst-case bound and its
+    accuracy budget both need the terms of the same input, at 10^5 elements a few ms each.
+    Keyed by the map's name and the input's dtype, shape and bytes (kept and compared on a hit:
+    never stale). The cached arrays are made read-only: a caller cannot change another's. The
+    two uses run back to back (the bound, then the budget), so two entries suffice; inputs over
+    ``max_bytes`` are not kept (their copy and terms would hold hundreds of MB)."""
+
+    def __init__(self, size: int = 2, max_bytes: int = 1 << 25):
+        self.size = size
+        self.max_bytes = max_bytes
+        self._d: OrderedDict[tuple, tuple[bytes, Any]] = OrderedDict()
+
+    def get(self, kind: str, x: np.ndarray, reduce: Reduce, make: Callable[[], Any]):
+        key = getattr(reduce, "terms_key", None)
+        if key is None or np.asarray(x).nbytes > self.max_bytes:
+            return make()
+        data = np.ascontiguousarray(x).tobytes()
+        k = (kind, key, np.asarray(x).dtype.str, np.shape(x), hash(data))
+        hit = self._d.get(k)
+        if hit is not None and hit[0] == data:
+            return hit[1]
+        v = make()
+        for a in vars(v).values():
+            if isinstance(a, np.ndarray):
+                a.setflags(write=False)
+        self._d[k] = (data, v)
+        if len(self._d) > self.size:
+            self._d.popitem(last=False)
+        return v
+
+
+TERMS_CACHE = _TermsCache()
+
+
+def _where0(cond: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """np.where(cond, v, 0.0) for float64 ``v`` of ``cond``'s shape, bit for bit: +0.0 has no bit
+    set, so v's bits and-ed with a mask of all ones where ``cond`` select it exactly (NaN and
+    infinities included). np.where's select branches per element, which on a random sign costs
+    ten times an arithmetic pass at 10^5 elements; the mask costs three. C-contiguous operands
+    only (the layout np.where's result would have, which a later pairwise sum's grouping follows);
+    others, and 0-d ones, go to np.where."""
+    if not (isinstance(v, np.ndarray) and isinstance(cond, np.ndarray) and v.ndim and v.dtype == np.float64
+            and v.shape == cond.shape and v.flags.c_contiguous and cond.flags.c_contiguous):
+        return np.where(cond, v, 0.0)
+    m = cond.astype(np.uint64)
+    np.negative(m, out=m)  # 1 -> all ones
+    m &= v.view(np.uint64)
+    return m.view(np.float64)
+
+
 def sum_terms(x: np.ndarray, reduce: Reduce) -> SumTerms:
-    """The terms of sums of the elements of ``x``, ``reduce`` summing them into the outputs."""
+    """The terms of sums of the elements of ``x``, ``reduce`` summing them into the outputs
+    (computed once for a ``reduce`` with a ``terms_key``: :class:`_TermsCache`)."""
+    return TERMS_CACHE.get("sum", x, reduce, lambda: _sum_terms(x, reduce))
+
+
+def _sum_terms(x: np.ndarray, reduce: Reduce) -> SumTerms:
     x64 = np.asarray(x, np.float64)
     fin = np.isfinite(x64)
+    every = bool(fin.all())
     with np.errstate(over="ignore", invalid="ignore"):
-        pos = reduce(np.where(fin & (x64 > 0), x64, 0.0))
-        neg = reduce(np.where(fin & (x64 < 0), -x64, 0.0))
+        pos = reduce(_where0(x64 > 0 if every else fin & (x64 > 0), x64))
+        neg = reduce(_where0(x64 < 0 if every else fin & (x64 < 0), -x64))
+    if every:  # no NaN or infinite term: each flag sums zeros (exactly 0, never > 0) — skip it
+        none = lambda: np.zeros(np.shape(pos), bool)[()]  # [()]: a numpy bool where reduce gives one
+        return SumTerms(pos, neg, none(), none(), none())
     flag = lambda m: reduce(m.astype(np.float64)) > 0
     return SumTerms(pos, neg, flag(np.isnan(x64)), flag(x64 == np.inf), flag(x64 == -np.inf))
 
@@ -99,7 +163,7 @@ def bilinear_terms(f: Callable[[np.ndarray, np.ndarray], np.ndarray], a: np.ndar
     fa, fb = np.isfinite(a64), np.isfinite(b64)
 
     def parts(x, fin):
-        return np.where(fin & (x > 0), x, 0.0), np.where(fin & (x < 0), -x, 0.0)
+        return _where0(fin & (x > 0), x), _where0(fin & (x < 0), -x)
 
     ap, an = parts(a64, fa)
     bp, bn = parts(b64, fb)
@@ -133,6 +197,13 @@ def sum_judgement(t: SumTerms, bound: np.ndarray, out_dtype: str, n: int | np.nd
     with np.errstate(over="ignore", invalid="ignore"):
         over_p = t.pos * growth > fi.max
         over_n = t.neg * growth > fi.max
+    if np.ndim(t.nan) and not (t.nan.any() or t.pinf.any() or t.ninf.any() or over_p.any() or over_n.any()):
+        # finite terms whose partial sums cannot overflow in any order (the common case): the
+        # general path's arrays below are the bound everywhere, nothing free or allowed
+        shape = np.broadcast_shapes(np.shape(t.nan), np.shape(t.pinf), np.shape(t.ninf))
+        fshape = np.broadcast_shapes(shape, np.shape(over_p), np.shape(over_n))
+        return Bound(np.where(True, np.broadcast_to(bound, shape), 0.0), np.zeros(fshape, bool),
+                     np.zeros(fshape, np.uint8))
     nan = t.nan | (t.pinf & t.ninf)
     inf_p = ~nan & t.pinf
     inf_n = ~nan & t.ninf
@@ -160,14 +231,27 @@ class ProdTerms:
 
 
 def prod_terms(x: np.ndarray, reduce: Reduce) -> ProdTerms:
-    """The factors of products of the elements of ``x``, ``reduce`` summing over them."""
+    """The factors of products of the elements of ``x``, ``reduce`` summing over them
+    (computed once for a ``reduce`` with a ``terms_key``: :class:`_TermsCache`)."""
+    return TERMS_CACHE.get("prod", x, reduce, lambda: _prod_terms(x, reduce))
+
+
+def _prod_terms(x: np.ndarray, reduce: Reduce) -> ProdTerms:
     x64 = np.asarray(x, np.float64)
     ok = np.isfinite(x64) & (x64 != 0)
+    # finite nonzero factors only (the common case): no flag to sum (each would sum zeros:
+    # exactly 0, never > 0), no factor to mask; the same terms in half the passes
+    plain = bool(ok.all())
     with np.errstate(divide="ignore", invalid="ignore"):
-        lg = np.where(ok, np.log2(np.where(ok, np.abs(x64), 1.0)), 0.0)
+        lg = np.log2(np.abs(x64)) if plain else np.where(ok, np.log2(np.where(ok, np.abs(x64), 1.0)), 0.0)
     flag = lambda m: reduce(m.astype(np.float64)) > 0
-    neg_count = reduce((np.signbit(x64) & ~np.isnan(x64)).astype(np.float64))
-    return ProdTerms(flag(np.isnan(x64)), flag(np.isinf(x64)), flag(x64 == 0), neg_count % 2 == 1,
+    neg_count = reduce((np.signbit(x64) if plain else np.signbit(x64) & ~np.isnan(x64)).astype(np.float64))
+    if plain:
+        none = lambda: np.zeros(np.shape(neg_count), bool)[()]  # [()]: a numpy bool where reduce gives one
+        nan, inf, zero = none(), none(), none()
+    else:
+        nan, inf, zero = flag(np.isnan(x64)), flag(np.isinf(x64)), flag(x64 == 0)
+    return ProdTerms(nan, inf, zero, neg_count % 2 == 1,
                      reduce(np.maximum(lg, 0.0)), reduce(np.minimum(lg, 0.0)))
 
 
@@ -180,6 +264,13 @@ def prod_judgement(t: ProdTerms, bound: np.ndarray, out_dtype: str, n: int | np.
     slack = np.log2(1 + gamma(np.maximum(n, 1), fi.unit_roundoff))
     up_risk = t.up + slack >= math.log2(fi.max)
     down_risk = t.down - slack <= math.log2(fi.tiny)
+    if np.ndim(t.nan) and not (t.nan.any() or t.inf.any() or t.zero.any() or up_risk.any() or down_risk.any()):
+        # finite nonzero factors whose partial products stay in range in any order (the common
+        # case): the general path's arrays below are the bound everywhere, nothing free
+        shape = np.broadcast_shapes(np.shape(t.nan), np.shape(t.inf), np.shape(t.zero))
+        fshape = np.broadcast_shapes(shape, np.shape(up_risk), np.shape(down_risk))
+        return Bound(np.where(True, np.broadcast_to(bound, shape), 0.0), np.zeros(fshape, bool),
+                     np.zeros(fshape, np.uint8))
     nan = t.nan | (t.inf & t.zero)
     inf = ~nan & t.inf
     zero = ~nan & t.zero
