@@ -210,29 +210,69 @@ def test_terms_shared_by_bound_and_budget_never_stale():
             assert c is not a and _bits(c.pos if hasattr(c, "pos") else c.up) != _bits(a.pos if hasattr(a, "pos") else a.up)
 
 
+def _mpfr_rounded(v: np.ndarray, dtype) -> np.ndarray:
+    """Each long double of ``v`` rounded once to float32 / float64 by MPFR (gmpy2: the format's
+    precision and exponent range, subnormals by ``subnormalize``), from its exact value (its
+    64-bit significand as a Python integer times a power of two): an oracle independent of the
+    C conversion and of round_dd."""
+    import gmpy2
+
+    fi = np.finfo(dtype)
+    prec = fi.nmant + 1
+    ctx = gmpy2.context(precision=prec, emin=fi.minexp - fi.nmant + 1, emax=fi.maxexp,
+                        subnormalize=True, round=gmpy2.RoundToNearest)
+    wide = gmpy2.context(precision=64, emin=-30000, emax=30000)  # every long double exactly
+    out = []
+    for x in v:
+        if np.isnan(x) or np.isinf(x) or x == 0:
+            out.append(float(x))
+            continue
+        m, e = np.frexp(x)
+        with gmpy2.context(wide):
+            exact = gmpy2.mul_2exp(gmpy2.mpfr(int(np.ldexp(m, 64))), int(e) - 64)
+        with gmpy2.context(ctx):
+            out.append(float(gmpy2.mpfr(exact)))
+    return np.array(out, dtype)
+
+
 @pytest.mark.skipif(not precise.WIDE_LONGDOUBLE, reason="needs a long double wider than float64")
-def test_round_ld_float64_shortcut_is_round_dd():
-    """Where round_ld to float64 returns the cast itself (_hi_is_round_dd), round_dd of the
-    hi + lo split gives the same bits; arrays with -0 or values below 2^-1000 take round_dd."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_round_ld_is_mpfr(dtype):
+    """round_ld to float32 / float64 rounds once, as MPFR does: ties and near-ties at the
+    format's precision, the whole subnormal range (where a hi + lo split of float64s would round
+    lo first), the overflow threshold, signed zeros and the special values."""
     rng = np.random.default_rng(RNG_SEED)
     ld = np.longdouble
-    groups = [_ld_cases(rng, 53, -1022, 5000),
-              np.ldexp(rng.integers(1 << 62, 1 << 63, 5000, dtype=np.uint64).astype(ld) / ld(2) ** 63,
-                       rng.integers(-1100, 1100, 5000)),
-              np.array([0.0, np.inf, -np.inf, np.nan, 1.0], ld), np.array([-0.0, 1.0], ld),
-              np.array([ld(2) ** -1075, ld(2) ** -1074 * 3 / 4, ld(2) ** 20000, 1.0], ld)]
-    taken = 0
-    for v in groups + [g[np.abs(g.astype(np.float64)) >= 2.0**-1000] for g in groups]:
-        with np.errstate(all="ignore"):
-            hi = v.astype(np.float64)
-            lo = np.where(np.isfinite(hi), (v - hi.astype(ld)).astype(np.float64), 0.0)
-            want = rounding.round_dd(hi, lo, "float64")
-            got = rounding.round_ld(v, "float64")
-        taken += rounding._hi_is_round_dd(hi)
-        nan = np.isnan(want)
-        assert np.array_equal(nan, np.isnan(got))
-        assert np.array_equal(want.view(np.uint64)[~nan], got.view(np.uint64)[~nan])
-    assert taken >= 4
+    fi = np.finfo(dtype)
+    p, emin = fi.nmant + 1, fi.minexp
+    fmax = ld(fi.max)
+    v = np.concatenate([
+        _ld_cases(rng, p, emin, 3000),  # ties and near-ties among the normals
+        _ld_cases(rng, p - 20, emin - 20, 3000),  # ... and among the subnormals
+        np.ldexp(rng.integers(1 << 62, 1 << 63, 3000, dtype=np.uint64).astype(ld) / ld(2) ** 63,
+                 rng.integers(emin - fi.nmant - 3, emin + 12, 3000)),  # across the subnormal range
+        np.ldexp(rng.integers(1 << 62, 1 << 63, 3000, dtype=np.uint64).astype(ld) / ld(2) ** 63,
+                 rng.integers(-200, 200, 3000)),
+        np.array([0.0, np.inf, np.nan, ld(2) ** (emin - p), ld(2) ** (emin - p) * (1 + ld(2) ** -60),
+                  ld(2) ** (emin - p + 1) * 3 / 4, fmax * (1 + ld(2) ** -p), fmax * (1 + ld(2) ** -(p - 1)),
+                  ld(2) ** -20000, ld(2) ** 20000], ld)])
+    v = np.concatenate([v, -v])
+    with np.errstate(all="ignore"):
+        got = rounding.round_ld(v, np.dtype(dtype).name)
+    want = _mpfr_rounded(v, dtype)
+    assert got.dtype == want.dtype
+    nan = np.isnan(want)
+    assert np.array_equal(nan, np.isnan(got))
+    u = np.uint32 if dtype == np.float32 else np.uint64
+    bad = np.flatnonzero(want.view(u)[~nan] != got.view(u)[~nan])
+    assert bad.size == 0, [(repr(v[~nan][i]), got[~nan][i], want[~nan][i]) for i in bad[:5]]
+
+
+def test_round_dd_float64_keeps_the_sign_of_zero():
+    """round_dd to float64 of hi + 0 is hi: -0 stays -0 (hi + lo would make it +0)."""
+    hi = np.array([-0.0, 0.0, -5e-324, 1.0, np.inf, -np.inf])
+    got = rounding.round_dd(hi, np.zeros_like(hi), "float64")
+    assert _bits(got) == _bits(hi)
 
 
 @pytest.mark.parametrize("rms", [False, True])
