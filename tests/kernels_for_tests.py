@@ -70,3 +70,11 @@ def install_poisoning_neg() -> None:
     mlx = get_backend("mlx")
     old = mlx.kernels["neg"]
     mlx.register("neg", poisoning_neg, devices=dict(old.dtypes), replace=True, origin="tests")
+
+
+def blas_threads(message, send):
+    """A worker task: the thread counts of the BLAS libraries loaded in this process
+    (threadpoolctl), for the runner's per-worker BLAS limit test."""
+    from threadpoolctl import threadpool_info
+
+    return sorted(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")

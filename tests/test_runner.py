@@ -6,6 +6,7 @@ must come back exactly once, the broken ones as crash/timeout, the rest as passe
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import kernels_for_tests as kt
@@ -288,3 +289,24 @@ def test_in_process_run_leaves_out_cases_known_to_kill_their_process(monkeypatch
     assert all(r.outcome == "pass" for r in results if r.id != deadly.id)
     stale, unmatched = kd.stale_entries(results, staleness.fully_covered)
     assert not stale and not unmatched
+
+
+def test_workers_share_the_cores_among_their_blas_threads(monkeypatch):
+    """Each worker's numpy/scipy OpenBLAS gets cores // workers threads (at least 1), set in the
+    worker although the forkserver loaded numpy before; a thread count the user set stands."""
+    from rlx_conformance.run import worker
+
+    for v in runner.BLAS_THREAD_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 8)
+    assert [runner.blas_threads(n) for n in (0, 1, 2, 3, 8, 16)] == [None, 8, 4, 2, 1, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert runner.blas_threads(2) is None
+    ctx = worker.context()
+    w = worker.start(ctx, kt.blas_threads, setup=functools.partial(runner._quiet, 1), hint="")
+    try:
+        w.conn.send("threads?")
+        tag, counts = w.conn.recv()
+    finally:
+        worker.stop([w])
+    assert counts and set(counts) == {1}, counts

@@ -124,10 +124,31 @@ def environ(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _quiet() -> None:
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def blas_threads(workers: int) -> int | None:
+    """BLAS threads per worker process: the machine's cores shared out among the workers, at
+    least one. numpy's and scipy's OpenBLAS each start a thread per core in every process, so N
+    workers on N cores ran N^2 BLAS threads that spin against each other (attention, matmul and
+    conv cases took twice the wall time, 2.4x the CPU, with one other worker busy: issue 18).
+    None (leave BLAS as it is) in-process, or where the user set one of :data:`BLAS_THREAD_VARS`."""
+    if workers <= 0 or any(v in os.environ for v in BLAS_THREAD_VARS):
+        return None
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def _quiet(threads: int | None = None) -> None:
     """Worker setup. The reference meets singular matrices, empty means and overflow on purpose;
-    numpy's and scipy's warnings about them would only bury the run's own output."""
+    numpy's and scipy's warnings about them would only bury the run's own output. ``threads``:
+    the BLAS thread limit (:func:`blas_threads`), set through threadpoolctl, since the worker's
+    numpy was loaded by the forkserver before the worker's environment existed (its OpenBLAS
+    read OPENBLAS_NUM_THREADS then)."""
     warnings.simplefilter("ignore")
+    if threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads, user_api="blas")
 
 
 def _phase(board, i: int, kind: str, ref_s: float | None = None) -> None:
@@ -255,7 +276,8 @@ class Runner:
 
     def _spawn(self) -> _Worker:
         board = self._ctx.Array("d", 4, lock=False)  # the worker's phase board (_phase)
-        w = worker.start(self._ctx, functools.partial(_run_task, self.bundles, board), setup=_quiet,
+        w = worker.start(self._ctx, functools.partial(_run_task, self.bundles, board),
+                         setup=functools.partial(_quiet, blas_threads(self.workers)),
                          env=self.env, init=self.init, hint="run with --workers 0 to see the error")
         return _Worker(w.proc, w.conn, board=board)
 
