@@ -310,3 +310,18 @@ def test_workers_share_the_cores_among_their_blas_threads(monkeypatch):
     finally:
         worker.stop([w])
     assert counts and set(counts) == {1}, counts
+
+
+def test_prestarted_forkserver_serves_the_workers():
+    """run starts the forkserver before generating its cases (worker.prestart): calling it again
+    is harmless and the workers still fork from it with the BLAS limit and the preload."""
+    from rlx_conformance.run import worker
+
+    worker.prestart()
+    worker.prestart()
+    w = worker.start(worker.context(), kt.blas_threads, setup=functools.partial(runner._quiet, 1), hint="")
+    try:
+        w.conn.send("threads?")
+        assert w.conn.recv()[0] is not None
+    finally:
+        worker.stop([w])

@@ -38,6 +38,7 @@ from rlx_conformance.core import results as res
 from rlx_conformance.core.errors import RlxError
 from rlx_conformance.generate.graphs import is_graph
 from rlx_conformance.generate.matrix import Case
+from rlx_conformance.run import worker
 from rlx_conformance.run.session import (
     build_cases,
     default_report_dir,
@@ -76,6 +77,8 @@ def cmd_run(args) -> int:
     if args.repeat < 1 or args.sample < 1 or args.sample_grad < 1:
         raise RlxError("--repeat, --sample and --sample-grad want a count >= 1")
     check_timeouts(args)
+    if args.workers != 0:
+        worker.prestart()  # the workers' forkserver imports while the cases are generated
     kinds = grads(args)
     cases = select_cases(args)
     chosen = selection(cases, ops=split(args.ops), dtypes=split(args.dtypes), tf32=args.tf32,
