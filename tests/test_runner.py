@@ -325,3 +325,26 @@ def test_prestarted_forkserver_serves_the_workers():
         assert w.conn.recv()[0] is not None
     finally:
         worker.stop([w])
+
+
+def test_known_hang_is_killed_at_its_own_limit_from_the_kernel_call(monkeypatch):
+    """A case under an entry with ``timeout`` is killed that long after its kernel call starts
+    (not after the runner's whole-case timeout), the message naming the entry, and excused."""
+    cases = neg_cases()
+    hang = next(c for c in cases if c.size() == kt.HANG_SIZE)
+    entry = Divergence(key="entry-1", op=("neg",), category="backend-bug", reason="hangs",
+                       excuses=frozenset({"timeout"}), timeout=1.0, strict=False)
+
+    def scope(c, *_):
+        return entry if c.id == hang.id else None
+
+    monkeypatch.setattr(runner, "known_divergence", scope)
+    monkeypatch.setattr(outcomes, "known_divergence", scope)
+    r = runner.Runner(workers=1, timeout=30.0, init="kernels_for_tests:install_broken_neg")
+    t0 = time.monotonic()
+    results = list(r.run([hang]))
+    took = time.monotonic() - t0
+    (res,) = results
+    assert res.outcome == "xfail", (res.outcome, res.message)
+    assert "no result within 1 s from the kernel (known divergence entry-1's timeout)" in res.message
+    assert took < 15  # the runner's 30 s case limit was not the one that fired

@@ -219,6 +219,12 @@ def layout_kw(case: Case, inputs: list[np.ndarray]) -> dict[str, Any]:
 Phase = Callable[..., None]  # on_phase("kernel", reference seconds) / on_phase("judge")
 
 
+def marks_kernel_phase(case: Case) -> bool:
+    """Whether :func:`run_case` tells ``on_phase`` when ``case``'s kernel is called: an op's own
+    case does; a derivative or graph case (its own transform, several calls) does not."""
+    return not (is_graph(case) or case.grad)
+
+
 def run_case(case: Case, capture: dict[str, Any] | None = None, on_phase: Phase | None = None) -> CaseResult:
     """``capture``: filled with the arrays of the case (inputs, expected, actual as far as they
     came), for the repro bundle of a failing case (bundle.py). ``on_phase``: told when the
@@ -229,6 +235,7 @@ def run_case(case: Case, capture: dict[str, Any] | None = None, on_phase: Phase 
         return (graph_grad.run if case.grad else graphs.run)(case, capture)
     if case.grad:  # a derivative of the op: its own reference, transform and judge
         return derivatives.run(case, capture)
+    # here marks_kernel_phase(case)
     t0 = time.perf_counter()
     inputs, ref = REF_CACHE.get(case)
     if capture is not None:

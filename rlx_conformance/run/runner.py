@@ -41,7 +41,7 @@ from rlx_conformance.generate.matrix import Case, Target
 from rlx_conformance.judge.divergences import Divergence, known_divergence
 from rlx_conformance.run import watchdog, worker
 from rlx_conformance.run.bundle import BundleSink
-from rlx_conformance.run.execute import run_case
+from rlx_conformance.run.execute import marks_kernel_phase, run_case
 from rlx_conformance.run.outcomes import apply_divergence
 
 DEFAULT_TIMEOUT = 60.0  # generous: MLX's CPU compile mode JIT-compiles C++ on first use
@@ -206,6 +206,7 @@ class _Worker(worker.Worker):
     limit: float = 0.0  # the seconds the deadline allowed, for a timeout's message
     why: str = ""  # what the limit is (the case, or its kernel call), for that message
     known_hang: float | None = None  # a known divergence's timeout for the current case
+    case_limit: float = 0.0  # the whole current case's limit (_arm)
 
 
 class Runner:
@@ -365,23 +366,32 @@ class Runner:
 
     # -- limits ---------------------------------------------------------------------------------
     def _arm(self, w: _Worker) -> None:
-        """The deadline of the case ``w`` starts: the whole case's limit, the runner's timeout or a
-        known hang's shorter one (cases/known_divergences.toml); :meth:`_deadline` narrows it
-        while the case's kernel runs."""
-        d = known_divergence(w.task[w.next])
+        """The deadline of the case ``w`` starts: the whole case's limit, the runner's timeout;
+        :meth:`_deadline` narrows it while the case's kernel runs (to a known hang's own limit,
+        cases/known_divergences.toml, where one holds the case)."""
+        case = w.task[w.next]
+        d = known_divergence(case)
         w.known_hang = d.timeout if d is not None and d.timeout else None
-        w.limit, w.why = w.known_hang or self.timeout, "case"
+        # a case that never says when its kernel runs (derivative, graph) has the known hang's
+        # limit for the whole case
+        whole = w.known_hang if w.known_hang and not marks_kernel_phase(case) else None
+        w.case_limit = w.limit = whole or self.timeout
+        w.why = "case"
         w.deadline = time.monotonic() + w.limit
 
     def _deadline(self, w: _Worker) -> float:
         """When ``w``'s current case times out: while its kernel runs (the worker's board says
         since when), the kernel call's limit from then (:func:`kernel_limit`; a retry gets the
-        whole timeout, a known hang keeps its own); otherwise the whole case's deadline. Sets
-        the limit and what it bounds, for a timeout's message."""
+        whole timeout; a known hang its entry's ``timeout``, counted from the kernel call so that
+        a worker's first imports or a slow reference never use it up); otherwise the whole case's
+        deadline. Sets the limit and what it bounds, for a timeout's message."""
         b = w.board
-        if b is None or w.known_hang or b[0] != KERNEL or int(b[1]) != w.next:
-            w.limit, w.why = w.known_hang or self.timeout, "case"
+        if b is None or b[0] != KERNEL or int(b[1]) != w.next:
+            w.limit, w.why = w.case_limit, "case"
             return w.deadline
+        if w.known_hang:
+            w.limit, w.why = w.known_hang, "known hang"
+            return min(w.deadline, b[2] + w.limit)
         case = w.task[w.next]
         retry = (case.id, case.repeat) in self._deferred  # the whole limit, no guessing
         w.limit = self.timeout if retry else kernel_limit(
@@ -533,11 +543,13 @@ class Runner:
             self._purge = bool(self._stopped)
         d = known_divergence(case)
         key = (case.id, case.repeat)
-        limit, what = w.limit, ("from the kernel" if w.why == "kernel" else "")
+        limit, what = w.limit, ("from the kernel" if w.why in ("kernel", "known hang") else "")
         if timed_out:
             first = self._deferred.get(key)
             msg = f"no result within {limit:g} s{' ' + what if what else ''}"
-            if w.why == "kernel" and first is None:
+            if w.why == "known hang" and d is not None:
+                msg += f" (known divergence {d.key}'s timeout)"
+            elif w.why == "kernel" and first is None:
                 msg += (f" (its limit: the larger of the {self._floor_text(case)} floor and "
                         f"{REFERENCE_FACTOR:g}x the reference's time, at most --timeout {self.timeout:g} s)")
             if first is not None:
