@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,7 @@ class SumTerms:
                         self.pinf | other.pinf, self.ninf | other.ninf)
 
 
+@dataclass
 class _TermsCache:
     """The last few :func:`sum_terms` / :func:`prod_terms` results whose ``reduce`` names itself
     (a ``terms_key`` attribute: the reductions and scans of bounds/reduce.py and budgets.py,
@@ -88,12 +89,12 @@ class _TermsCache:
     Keyed by the map's name and the input's dtype, shape and bytes (kept and compared on a hit:
     never stale). The cached arrays are made read-only: a caller cannot change another's. The
     two uses run back to back (the bound, then the budget), so two entries suffice; inputs over
-    ``max_bytes`` are not kept (their copy and terms would hold hundreds of MB)."""
+    ``max_bytes`` are not kept (their copy and terms would hold hundreds of MB). A dataclass, so
+    that a repro bundle's repro.py (run/portable.py) can build a fresh one from its fields."""
 
-    def __init__(self, size: int = 2, max_bytes: int = 1 << 25):
-        self.size = size
-        self.max_bytes = max_bytes
-        self._d: OrderedDict[tuple, tuple[bytes, Any]] = OrderedDict()
+    size: int = 2
+    max_bytes: int = 1 << 25
+    _d: OrderedDict[tuple, tuple[bytes, Any]] = field(default_factory=OrderedDict, init=False, repr=False)
 
     def get(self, kind: str, x: np.ndarray, reduce: Reduce, make: Callable[[], Any]):
         key = getattr(reduce, "terms_key", None)
