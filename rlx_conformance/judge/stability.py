@@ -333,10 +333,10 @@ def _known_to_vary(r: Any) -> bool:
     goes from run to run, by the entry's own account): its output is left out of the bit-wise
     comparison, which the other modes' outputs still make among themselves. A strict entry's
     xfail stays compared: a deterministic wrong output must be the same in every mode."""
-    if _get(r, "outcome") != "xfail":
+    if r.outcome != "xfail":
         return False
-    entry = kd.by_key().get((_get(r, "divergence") or {}).get("entry"))
-    return entry is not None and not entry.strict
+    hit = kd.part_of(r)  # the entry the record names (old positional keys too)
+    return hit is not None and not hit[0].strict
 
 
 def _fail(r: Any, why: str) -> None:

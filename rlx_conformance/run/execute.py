@@ -235,7 +235,6 @@ def run_case(case: Case, capture: dict[str, Any] | None = None, on_phase: Phase 
         return (graph_grad.run if case.grad else graphs.run)(case, capture)
     if case.grad:  # a derivative of the op: its own reference, transform and judge
         return derivatives.run(case, capture)
-    # here marks_kernel_phase(case)
     t0 = time.perf_counter()
     inputs, ref = REF_CACHE.get(case)
     if capture is not None:
