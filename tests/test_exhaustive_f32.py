@@ -72,7 +72,34 @@ def test_sweep_row_matches_judge_row(op):
     m = measure(compute(x), want, budget_for(op, "float32"), signed_zero=get_op(op).policy.signed_zero)
     over = x.view(np.uint32)[m.over_mask]
     assert row["first_over"] == [f"0x{int(v):08x}" for v in over[:f32.FIRST_OVER]]
-    assert [w["input"] for w in row["worst"]][:1] == [w["input"] for w in ref["worst"]][:1]
+    assert [w["input"] for w in row["worst"]] == [w["input"] for w in ref["worst"]]
+    assert [w["ulp"] for w in row["worst"]] == [w["ulp"] for w in ref["worst"]]
+
+
+def test_certainly_over_positions_fail_measure_whatever_its_options():
+    """accuracy.certainly_over (the sweep's on-device count of positions over budget) marks only
+    positions that measure() fails under every option the sweep may give it."""
+    from rlx_conformance.judge.accuracy import Budget, certainly_over, measure, settle
+    rng = np.random.default_rng(11)
+    want = rng.integers(0, 1 << 32, 40000, dtype=np.uint64).astype(np.uint32)
+    got = (want.astype(np.int64) + rng.integers(-9, 10, want.size)).astype(np.uint32)
+    sign, inf = np.uint32(1 << 31), np.uint32(0x7F800000)
+    specials = np.array([0, sign, inf, inf | sign, inf + 1, 1, 1 | sign, 0x00800000, 5], np.uint32)
+    pairs = np.array([(g, w) for g in specials for w in specials], np.uint32)
+    got, want = np.concatenate([got, pairs[:, 0]]), np.concatenate([want, pairs[:, 1]])
+    g, w = got.view(np.float32), want.view(np.float32)
+    for budget in (Budget(ulp=0.0), Budget(ulp=2.0), Budget(ulp=2.0, atol=1e-30)):
+        for ftz in (False, True):
+            over = certainly_over(settle(got, want, "float32", budget), got, want, "float32", budget, ftz=ftz)
+            for signed_zero in (False, True):
+                m = measure(g, w, budget, signed_zero=signed_zero, ftz=ftz)
+                assert np.all(m.over_mask[over])
+            if not budget.atol:
+                assert over.sum() > 1000
+                # a zero result for a normal expected value is over budget with or without ftz;
+                # for a subnormal one only without it (a declared flush passes)
+                zero_for = lambda w_bits: over[(got == 0) & (want == w_bits)]  # noqa: E731
+                assert zero_for(0x00800000).all() and zero_for(5).all() != ftz
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

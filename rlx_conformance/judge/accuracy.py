@@ -191,6 +191,31 @@ def settle(got_bits, want_bits, dtype: str, budget: Budget, xp=np) -> Settled:
     return Settled(mask, finite, ulp)
 
 
+def certainly_over(settled: Settled, got_bits, want_bits, dtype: str, budget: Budget, *, ftz: bool,
+                   xp=np):
+    """The positions that :func:`measure` fails whatever its ``skip``-free options, decided on
+    the bits alone: finite on both sides, an expected value that is not zero, more than
+    ``budget.ulp`` ULP apart, and no absolute tolerance that could pass them (a budget with
+    ``atol`` defers everything). Left out: an expected zero (measure() may judge the sign of a
+    zero result, ``signed_zero``), under ``ftz`` a zero result where the expected value is
+    subnormal (measure() accepts it as flushed), and NaN and infinities (their pattern is its to
+    count). The
+    float32 sweep counts these on the device instead of sending them to the host: an op whose
+    kernel is far off on a large share of the 2^32 inputs (elu's exp(x) - 1 below ~0.35) would
+    otherwise move ~10^9 elements through measure() on the host. They carry
+    ``settled.ulp`` as measure() computes it there."""
+    if budget.atol:
+        return xp.zeros(got_bits.shape, bool)
+    fi = dt.finfo(dtype)
+    magnitude = xp.asarray((1 << (fi.bits - 1)) - 1, dtype=fi.uint)
+    want_mag = want_bits & magnitude
+    keep = want_mag != 0
+    if ftz:  # a zero for a subnormal may be a declared flush
+        smallest_normal = xp.asarray(1 << fi.mant_bits, dtype=fi.uint)
+        keep &= ((got_bits & magnitude) != 0) | (want_mag >= smallest_normal)
+    return settled.finite & keep & (settled.ulp > budget.ulp)
+
+
 # -- per-case assessment -----------------------------------------------------------------------------
 class _Cache:
     """What the cases of one input id share (they differ only in target, and run back to back):

@@ -13,9 +13,14 @@ evaluation, the comparison and the filter run on the device), else numpy. Per ch
    measure's options (bit-equal to the oracle, both NaN, or finite on both sides within the op's
    ULP budget and not a zero of the wrong sign) is settled: it only adds to ``checked`` and
    ``max_ulp``;
-4. every other element (over budget, an infinity or NaN pattern that differs, a signed-zero
-   mismatch, or undecided by float64) goes to the host, where MPFR fills in the undecided and
-   judge.accuracy.measure judges them exactly as the 16-bit sweep does.
+4. each decided element that measure() fails whatever its options (judge.accuracy.certainly_over:
+   finite on both sides and over the ULP budget, no tolerance or declared flush that could pass
+   it) is counted over budget there too; only its first few positions come to the host, for the
+   row's first_over and worst inputs (an op far off on a large share of the inputs, elu's
+   exp(x) - 1 on ~10^9 of them, would otherwise move them all through measure() on the host);
+5. every other element (an infinity or NaN pattern that differs, a zero that may be a signed-zero
+   mismatch or a flush, or undecided by float64) goes to the host, where MPFR fills in the
+   undecided and judge.accuracy.measure judges them exactly as the 16-bit sweep does.
 
 The row carries judge_row's fields (max_ulp, over_budget, NaN/inf/±0 counts, worst inputs), plus
 ``first_over`` (the first inputs over budget in bit-pattern order, hex), ``mpfr_resolved`` (the
@@ -32,7 +37,7 @@ import numpy as np
 
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.judge import oracle_f64, precise
-from rlx_conformance.judge.accuracy import budget_for, measure, settle
+from rlx_conformance.judge.accuracy import budget_for, certainly_over, measure, settle
 from rlx_conformance.judge.compare import ulp_distance
 from rlx_conformance.ops import get_op
 
@@ -97,6 +102,23 @@ def sample_bits(n: int) -> np.ndarray:
     return np.concatenate([bits, bits | np.uint32(0x80000000)])
 
 
+def _ulps(got: np.ndarray, want_at: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """compare.ulp_distance of ``got[at]`` from ``want_at``."""
+    with np.errstate(all="ignore"):
+        return ulp_distance(got[at], want_at) if at.size else np.zeros(0)
+
+
+def _add_over(chunk_over: list[tuple[int, dict[str, Any]]], first_over: list[str],
+              worst: list[tuple[float, dict[str, Any]]]) -> None:
+    """A chunk's over-budget positions (from the device and the host), in bit-pattern order, into
+    the row's ``first_over`` and ``worst``: as judge_row ranks them, every position over budget
+    ahead of any within it, and among them the first in input order."""
+    chunk_over.sort(key=lambda c: c[0])
+    first_over += [e["input"] for _, e in chunk_over[:FIRST_OVER - len(first_over)]]
+    worst += [(np.inf, e) for _, e in chunk_over[:WORST]]
+    worst[:] = sorted(worst, key=lambda w: -w[0])[:WORST]
+
+
 def sweep(op: str, attrs: dict[str, Any], out_dtype: str, compute: Callable[[np.ndarray], np.ndarray],
           ftz: bool, *, range_: str = "full", sample: int = 0, chunk: int | None = None,
           oracle: str = "auto") -> dict[str, Any]:
@@ -157,13 +179,31 @@ def sweep(op: str, attrs: dict[str, Any], out_dtype: str, compute: Callable[[np.
                                    "want": float(np.asarray(want[k:k + 1].get() if xp is not np else want[k:k + 1])
                                                  .view(onp)[0]),
                                    "got": float(got_host[k]), "ulp": dk, "over_budget": False}))
-        rest = xp.nonzero(~settled)[0]
+        # over budget beyond doubt (accuracy.certainly_over: finite, no tolerance or flush could
+        # pass them): counted here, only their first few positions go to the host
+        over_dev = decided & asserted & certainly_over(judged, gb, want, out_dtype, budget, ftz=ftz, xp=xp)
+        n_over = int(xp.count_nonzero(over_dev))
+        over_first = np.zeros(0, np.int64)  # the chunk's first such positions, in bit-pattern order
+        want_at = np.zeros(0, onp)
+        if n_over:
+            acc["checked"] += n_over
+            acc["over"] += n_over
+            acc["max_ulp"] = max(acc["max_ulp"], float(xp.max(xp.where(over_dev, d, 0))))
+            at = xp.nonzero(over_dev)[0][:max(FIRST_OVER, WORST)]
+            over_first = at.get() if xp is not np else at
+            want_at = (want[at].get() if xp is not np else want[at]).view(onp)
+        rest = xp.nonzero(~settled & ~over_dev)[0]
         rest_h = rest.get() if xp is not np else rest
         und_h = (~decided[rest]).get() if xp is not np else ~decided[rest]
         want_h = (want[rest].get() if xp is not np else want[rest]).view(onp).copy()
         t_oracle += time.perf_counter() - t0
         acc["n"] += x_host.size
+        # over-budget positions of the chunk, device's and host's, merged in bit-pattern order
+        chunk_over = [(int(i), {"input": _hex(xb_host[i], 32), "x": float(x_host[i]), "want": float(want_at[j]),
+                                "got": float(got_host[i]), "ulp": float(ulp_f), "over_budget": True})
+                      for j, (i, ulp_f) in enumerate(zip(over_first, _ulps(got_host, want_at, over_first)))]
         if rest_h.size == 0:
+            _add_over(chunk_over, first_over, worst)
             continue
         t0 = time.perf_counter()
         xr = x_host[rest_h]
@@ -186,20 +226,21 @@ def sweep(op: str, attrs: dict[str, Any], out_dtype: str, compute: Callable[[np.
             acc["max_ulp"] = max(acc["max_ulp"], m.max_ulp)
         with np.errstate(all="ignore"):
             ulp = ulp_distance(gr, want_h)
-        if m.over and len(first_over) < FIRST_OVER:
-            over_at = np.flatnonzero(m.over_mask)[:FIRST_OVER - len(first_over)]
-            first_over += [_hex(xb_host[rest_h[i]], 32) for i in over_at]
-        score = np.where(m.over_mask, np.inf, 0.0) + np.where(np.isnan(ulp), 0.0, ulp)
+        def entry(i: int, over: bool) -> dict[str, Any]:
+            return {"input": _hex(xb_host[rest_h[i]], 32), "x": float(xr[i]), "want": float(want_h[i]),
+                    "got": float(gr[i]), "ulp": None if np.isnan(ulp[i]) else float(ulp[i]), "over_budget": over}
+        chunk_over += [(int(rest_h[i]), entry(i, True))
+                       for i in np.flatnonzero(m.over_mask)[:max(FIRST_OVER, WORST)]]
+        _add_over(chunk_over, first_over, worst)
+        # within budget but not exact: the largest ULP distances
+        score = np.where(m.over_mask | np.isnan(ulp), 0.0, ulp)
         if skip is not None:
             score = np.where(skip, -1.0, score)
         top = np.argpartition(-score, WORST)[:WORST] if score.size > WORST else np.arange(score.size)
         for i in top[np.argsort(-score[top], kind="stable")]:
             if score[i] > 0:
-                worst.append((float(score[i]) + (1e300 if m.over_mask[i] else 0.0),
-                              {"input": _hex(xb_host[rest_h[i]], 32), "x": float(xr[i]), "want": float(want_h[i]),
-                               "got": float(gr[i]), "ulp": None if np.isnan(ulp[i]) else float(ulp[i]),
-                               "over_budget": bool(m.over_mask[i])}))
-        worst = sorted(worst, key=lambda w: -w[0])[:WORST]
+                worst.append((float(score[i]), entry(i, False)))
+        worst[:] = sorted(worst, key=lambda w: -w[0])[:WORST]
         t_host += time.perf_counter() - t0
     worst = sorted(worst, key=lambda w: -w[0])[:WORST]
     return {"n": acc["n"], "checked": acc["checked"], "max_ulp": acc["max_ulp"] if acc["checked"] else None,
