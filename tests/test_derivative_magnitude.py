@@ -262,3 +262,20 @@ def test_cholesky_48x48_has_a_magnitude_that_holds_a_float32_rule_and_rejects_a_
         assert compare(ref.expected[0], got, exact=False, signed_zero=False, tol=tol, bound=bound).ok, case.id
         wrong = (got * np.float32(1.01)).astype(np.float32)
         assert not compare(ref.expected[0], wrong, exact=False, signed_zero=False, tol=tol, bound=bound).ok, case.id
+
+
+def test_derivative_bound_allows_gradual_underflow_only_where_terms_are_nonzero():
+    """The softmax HVP on MLX's CUDA build (float32, 317x331 spread rows, 2026-12-05) returned
+    -3.9e-44 for -3.5e-44: 3 subnormal units at an element whose terms are ~1e-44, an error that
+    gradual underflow allows any evaluation order (Higham sec. 2.1) and gamma_n(u) M alone did
+    not. The bound now adds n eta (eta the smallest subnormal of the compute dtype) where a term
+    is nonzero, nothing where every term is zero, and nothing for native (data movement) ops."""
+    import numpy as np
+    eta32 = float(np.finfo(np.float32).smallest_subnormal)
+    m = np.array([0.0, 3.5e-44, 1.0])
+    b = derivative_bound("softmax", "float32", m, 1001)
+    assert b[0] == 0.0
+    assert 3 * eta32 < b[1] < 1e-40  # the CUDA result's error, and nowhere near a normal value
+    plain = derivative_bound("softmax", "float64", m, 1001)  # float64: eta 5e-324, invisible at 1
+    assert b[2] == pytest.approx(plain[2] * (np.finfo(np.float32).eps / np.finfo(np.float64).eps), rel=1e-3)
+    assert derivative_bound("reverse", "float16", m, 1, native=True)[1] < 1e-40

@@ -95,6 +95,11 @@ def _unit_roundoff(result_dtype: str, native: bool) -> float:
     return dt.finfo(result_dtype if native else dt.compute_dtype(result_dtype)).unit_roundoff
 
 
+@cache
+def _smallest_subnormal(result_dtype: str) -> float:
+    return float(dt.finfo(dt.compute_dtype(result_dtype)).smallest_subnormal)
+
+
 def derivative_judgement(op: str, result_dtype: str, magnitude: np.ndarray, terms: int,
                          native: bool = False, argument: np.ndarray | None = None,
                          intermediate: np.ndarray | None = None) -> Bound:
@@ -131,7 +136,18 @@ def derivative_bound(op: str, result_dtype: str, magnitude: np.ndarray, terms: i
     u = _unit_roundoff(result_dtype, native)
     n = int(terms) + roundings_for(op).count
     with np.errstate(invalid="ignore", over="ignore"):
-        b = gamma(n, u) * np.asarray(magnitude, np.float64)
+        m = np.asarray(magnitude, np.float64)
+        b = gamma(n, u) * m
+        if not native:
+            # gradual underflow: a product or quotient whose result is subnormal carries an
+            # absolute error of up to half the smallest subnormal besides its relative one
+            # (Higham sec. 2.1, fl(x op y) = (x op y)(1 + d) + e, |e| <= eta/2); one element's
+            # evaluation has at most n such operations, each error carried on by later factors
+            # of at most about 2 in magnitude (probabilities, normalised values), hence n eta.
+            # Only where a term is nonzero: a sum of zero terms stays exactly zero. Sums of
+            # native (data movement) derivatives only add, and addition has no underflow error.
+            eta = _smallest_subnormal(result_dtype)
+            b = b + np.where(m > 0, n * eta, 0.0)
         if argument is None:
             return b
         rule = argument_roundings_for(op)
