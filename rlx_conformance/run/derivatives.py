@@ -5,7 +5,6 @@ dtype), the backend's own transform of the same kernel, and the derivative judge
 from __future__ import annotations
 
 import time
-import traceback
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.backends.base import record_fields
 from rlx_conformance.backends.cpu._grad import argument_sensitivity, largest_intermediate
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
+from rlx_conformance.core.errors import KernelContractError, UnsupportedError, error_detail
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, Seeds, make_inputs, make_seeds
 from rlx_conformance.judge.bounds.derivative import (
@@ -158,8 +157,7 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     except UnsupportedError as e:
         return CaseResult.for_case(case, "skip", duration_s=time.perf_counter() - t0, message=str(e), **kw)
     except Exception as e:  # noqa: BLE001 — a failing transform is a result
-        detail = str(e) if isinstance(e, RlxError) else f"{type(e).__name__}: {e}\n" + \
-            "".join(traceback.format_exception(e)[-3:])
+        detail = error_detail(e)
         outcome = "contract" if isinstance(e, KernelContractError) else "error"
         return CaseResult.for_case(case, outcome, duration_s=time.perf_counter() - t0,
                                    message=detail.strip(), **kw)

@@ -3,7 +3,6 @@ The runner calls this inside isolated worker processes."""
 from __future__ import annotations
 
 import time
-import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import numpy as np
 from rlx_conformance.backends import get_backend
 from rlx_conformance.backends.base import record_fields
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
+from rlx_conformance.core.errors import KernelContractError, UnsupportedError, error_detail
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.graphs import is_graph
 from rlx_conformance.generate.matrix import Case, case_layouts, make_inputs
@@ -267,8 +266,7 @@ def run_case(case: Case, capture: dict[str, Any] | None = None, on_phase: Phase 
             return CaseResult.for_case(case, "skip", duration_s=dur, **kw, message=(
                 f"declared unsupported on {tg.backend}/{tg.device}; the kernel rejects it as declared: "
                 f"{type(e).__name__}: {e}"))
-        detail = str(e) if isinstance(e, RlxError) else f"{type(e).__name__}: {e}\n" + \
-            "".join(traceback.format_exception(e)[-3:])
+        detail = error_detail(e)
         # A broken call convention (output count/shape/dtype, non-array, input written) is its own
         # outcome, never a numeric mismatch or a generic error.
         outcome = "contract" if isinstance(e, KernelContractError) else "error"

@@ -9,7 +9,6 @@ input's gradient. run/graphs.py hands every graph case with ``grad`` set here.""
 from __future__ import annotations
 
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 from rlx_conformance.backends import get_backend
 from rlx_conformance.backends.cpu._grad import argument_sensitivity, largest_intermediate
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
+from rlx_conformance.core.errors import KernelContractError, UnsupportedError, error_detail
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.graphs import make_graph_cotangents, make_graph_inputs, resolved
 from rlx_conformance.generate.matrix import Case, Target
@@ -293,8 +292,7 @@ def evaluate(g: Resolved, ref: GradReference, target: Target, capture: dict[str,
     except UnsupportedError as e:
         return graphs.Evaluation("skip", str(e), fields={"graph": info})
     except Exception as e:  # noqa: BLE001 — any failure of the transform is a result
-        detail = str(e) if isinstance(e, RlxError) else f"{type(e).__name__}: {e}\n" + \
-            "".join(traceback.format_exception(e)[-3:])
+        detail = error_detail(e)
         outcome = "contract" if isinstance(e, KernelContractError) else "error"
         return graphs.Evaluation(outcome, detail.strip(), fields={"graph": info, **kw})
     kw["output_digest"] = output_digest(out)

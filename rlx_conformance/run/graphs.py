@@ -7,7 +7,6 @@ comparison of every output element. run/execute.py hands every graph case here."
 from __future__ import annotations
 
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.backends.base import differentiable_arrays
 from rlx_conformance.backends.cpu._grad import SAVED_TERMS
 from rlx_conformance.core import dtypes as dt
-from rlx_conformance.core.errors import KernelContractError, RlxError, UnsupportedError
+from rlx_conformance.core.errors import KernelContractError, UnsupportedError, error_detail
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.graphs import make_graph_inputs, resolved
 from rlx_conformance.generate.matrix import Case, Target
@@ -302,8 +301,7 @@ def evaluate(g: Resolved, ref: Reference, target: Target, capture: dict[str, Any
     except UnsupportedError as e:
         return Evaluation("skip", str(e), fields={"graph": info})
     except Exception as e:  # noqa: BLE001 — any kernel failure is a result
-        detail = str(e) if isinstance(e, RlxError) else f"{type(e).__name__}: {e}\n" + \
-            "".join(traceback.format_exception(e)[-3:])
+        detail = error_detail(e)
         outcome = "contract" if isinstance(e, KernelContractError) else "error"
         return Evaluation(outcome, detail.strip(), fields={"graph": info, **kw})
     kw["output_digest"] = output_digest(out)  # bit-stability across modes (judge/stability.py)
