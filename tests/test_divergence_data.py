@@ -24,6 +24,9 @@ from rlx_conformance.run import outcomes as run_div
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ("reports/baseline", "reports/gpu-baseline")
+# the committed GPU runs that hold every case of their selection (no --sample-grad subset, whose
+# entries would rightly say "matched no case"): judged again like the baselines
+WHOLE_RUNS = ("reports/gpu-baseline/derivatives-eager-lazy",)
 
 
 def _case(op: str, dtype: str, case_id: str, target: Target) -> SimpleNamespace:
@@ -51,7 +54,7 @@ NEWER_THAN_BASELINE = {
 }
 
 
-@pytest.mark.parametrize("baseline", BASELINES)
+@pytest.mark.parametrize("baseline", BASELINES + WHOLE_RUNS)
 def test_baseline_rejudges_to_what_it_records(baseline):
     """``merge --rejudge`` of a committed baseline under the file as it is gives every record
     back unchanged, marks nothing stale and warns of nothing: the data and the baseline agree
@@ -83,6 +86,27 @@ def _pass_under_nondeterministic_entry(was: tuple, now: tuple) -> bool:
     annotated with the entry; any other change is a disagreement."""
     return was == ("pass", None, None, "") and now[0] == "pass" and now[1] is not None \
         and not kd.by_key()[now[1]].strict
+
+
+@pytest.mark.parametrize("baseline", BASELINES + WHOLE_RUNS)
+def test_a_one_mode_or_one_device_subset_of_a_baseline_rejudges_without_xpass(baseline):
+    """Issue 19: what most users run is one mode or one device (``tox -e mlx`` runs the compiled
+    mode only). Each such subset of a committed run, judged again on its own, reports no xpass:
+    an entry goes stale only where every case of it that the subset holds passes, never because
+    its failing cases lie in a mode or device the subset lacks."""
+    recs = records.load(ROOT / baseline / "results.json.gz").cases
+    targets = {(r["device"], r["mode"]) for r in recs}
+    subsets = {f"mode {m}": lambda r, m=m: r["mode"] == m for m in {m for _, m in targets}}
+    subsets |= {f"device {d}": lambda r, d=d: r["device"] == d for d in {d for d, _ in targets}}
+    assert len(subsets) >= 3
+    for name, keep in subsets.items():
+        subset = [r for r in recs if keep(r)]
+        if len(subset) == len(recs):  # the whole run: the test above
+            continue
+        results = [run_div.rejudge(CaseResult.from_json(r)) for r in subset]
+        run_div.finalize(results)
+        xpass = [r.id for r in results if r.outcome == "xpass"]
+        assert not xpass, (name, xpass[:5])
 
 
 @pytest.mark.parametrize("sweep", [f"{b}/exhaustive.json" for b in BASELINES]
