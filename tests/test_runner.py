@@ -348,3 +348,38 @@ def test_known_hang_is_killed_at_its_own_limit_from_the_kernel_call(monkeypatch)
     assert res.outcome == "xfail", (res.outcome, res.message)
     assert "no result within 1 s from the kernel (known divergence entry-1's timeout)" in res.message
     assert took < 15  # the runner's 30 s case limit was not the one that fired
+
+
+def test_stopping_a_busy_pool_takes_one_grace_period_not_one_per_worker():
+    """worker.stop waits one shared deadline for the whole pool, then kills what lingers: on the
+    H200 an interrupted run with 15 workers inside NVRTC compiles took 2 s a worker to stop, past
+    the device call's kill. Fake processes that never exit: the joins before the kills must add
+    up to the grace period once, whatever the number of workers."""
+    import time as _time
+    from types import SimpleNamespace
+
+    from rlx_conformance.run import worker
+
+    class Stuck:
+        def __init__(self):
+            self.killed = False
+
+        def join(self, timeout=None):
+            if not self.killed and timeout:
+                _time.sleep(timeout)
+
+        def is_alive(self):
+            return not self.killed
+
+        def kill(self):
+            self.killed = True
+
+    class Pipe:
+        def send(self, msg):
+            pass
+
+    pool = [SimpleNamespace(proc=Stuck(), conn=Pipe()) for _ in range(6)]
+    t0 = _time.monotonic()
+    worker.stop(pool, grace=0.3)
+    assert _time.monotonic() - t0 < 0.3 * 2  # per-worker waits would take 6 x 0.3 s
+    assert all(w.proc.killed for w in pool)

@@ -30,6 +30,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -211,16 +212,21 @@ def wait_any(workers: Iterable[Worker], timeout: float) -> list[Any]:
     return wait([w.conn for w in workers] + [w.proc.sentinel for w in workers], timeout)
 
 
-def stop(workers: Iterable[Worker]) -> None:
-    """Ask each worker to stop (STOP on its pipe), then wait for all; kill the ones that linger."""
+def stop(workers: Iterable[Worker], grace: float = 2.0) -> None:
+    """Ask each worker to stop (STOP on its pipe), wait ``grace`` seconds for them all, then kill
+    the ones that linger. One deadline for the pool, not one per worker: a run interrupted while
+    15 workers sit in a long JIT compile (NVRTC on a GPU: tens of seconds) ends in ``grace``, not
+    in 15 x ``grace`` (a device call's kill came first on the H200)."""
     workers = list(workers)
     for w in workers:
         try:
             w.conn.send(STOP)
         except (OSError, BrokenPipeError):
             pass
+    deadline = time.monotonic() + grace
     for w in workers:
-        w.proc.join(timeout=2)
+        w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for w in workers:
         if w.proc.is_alive():
             w.proc.kill()
             w.proc.join()
