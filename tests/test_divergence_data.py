@@ -98,15 +98,17 @@ def test_a_one_mode_or_one_device_subset_of_a_baseline_rejudges_without_xpass(ba
     targets = {(r["device"], r["mode"]) for r in recs}
     subsets = {f"mode {m}": lambda r, m=m: r["mode"] == m for m in {m for _, m in targets}}
     subsets |= {f"device {d}": lambda r, d=d: r["device"] == d for d in {d for d, _ in targets}}
-    assert len(subsets) >= 3
+    checked = 0
     for name, keep in subsets.items():
         subset = [r for r in recs if keep(r)]
-        if len(subset) == len(recs):  # the whole run: the test above
+        if len(subset) == len(recs):  # the whole run (each committed run has one device): the test above
             continue
+        checked += 1
         results = [run_div.rejudge(CaseResult.from_json(r)) for r in subset]
         run_div.finalize(results)
         xpass = [r.id for r in results if r.outcome == "xpass"]
         assert not xpass, (name, xpass[:5])
+    assert checked >= 2  # two modes at least
 
 
 @pytest.mark.parametrize("sweep", [f"{b}/exhaustive.json" for b in BASELINES]

@@ -1,6 +1,7 @@
 """Exceptions the harness raises on purpose. Each carries a one-line message meant for a user;
 :func:`error_detail` words a kernel's own exception for a record."""
 
+import linecache
 import os
 import sys
 import traceback
@@ -37,13 +38,18 @@ class KernelContractError(RlxError):
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _short_path(filename: str) -> str:
-    """A traceback frame's file as the package or library names it, not this machine's path
-    (``rlx_conformance/backends/mlx/__init__.py``, ``mlx/nn/layers/activations.py``): the path
-    past the longest ``sys.path`` entry that holds it (site-packages, a ``pip --target`` folder,
-    PYTHONPATH), or past the folder that holds this package (a checkout's root, for an editable
-    install). Records and reports then read the same on every machine."""
-    roots = [r for r in (p.rstrip(os.sep) for p in (*sys.path, _ROOT)) if r and filename.startswith(r + os.sep)]
+def _short_path(filename: str, module: str | None = None) -> str:
+    """A traceback frame's file as the package or library names it, not this machine's path:
+    from the frame's module where it has one (``rlx_conformance.backends.mlx`` ->
+    ``rlx_conformance/backends/mlx/__init__.py``, the same from a checkout, whose backends/ the
+    package maps, as from an install; ``mlx.nn.layers.activations`` ->
+    ``mlx/nn/layers/activations.py``), else past the longest ``sys.path`` entry (or the checkout's
+    root) that holds it. Records and reports then read the same on every machine."""
+    if module and module != "__main__" and filename.endswith(".py"):
+        tail = "/__init__.py" if os.path.basename(filename) == "__init__.py" else ".py"
+        return module.replace(".", "/") + tail
+    roots = [r for r in (p.rstrip(os.sep) for p in (*sys.path, _ROOT) if isinstance(p, str))
+             if r and filename.startswith(r + os.sep)]
     return filename[len(max(roots, key=len)) + 1:] if roots else filename
 
 
@@ -52,7 +58,11 @@ def error_detail(e: BaseException, frames: int = 2) -> str:
     was raised, the last ``frames`` frames with package-relative paths."""
     if isinstance(e, RlxError):
         return str(e)
-    tail = traceback.extract_tb(e.__traceback__)[-frames:]
-    where = "".join(f'  File "{_short_path(f.filename)}", line {f.lineno}, in {f.name}\n'
-                    + (f"    {f.line.strip()}\n" if f.line else "") for f in tail)
+    where = ""
+    for frame, lineno in list(traceback.walk_tb(e.__traceback__))[-frames:]:
+        code = frame.f_code
+        where += f'  File "{_short_path(code.co_filename, frame.f_globals.get("__name__"))}", line {lineno}, in {code.co_name}\n'
+        line = linecache.getline(code.co_filename, lineno).strip()
+        if line:
+            where += f"    {line}\n"
     return f"{type(e).__name__}: {e}\n{where}".strip()

@@ -196,10 +196,10 @@ def certainly_over(settled: Settled, got_bits, want_bits, dtype: str, budget: Bu
     """The positions that :func:`measure` fails whatever its ``skip``-free options, decided on
     the bits alone: finite on both sides, an expected value that is not zero, more than
     ``budget.ulp`` ULP apart, and no absolute tolerance that could pass them (a budget with
-    ``atol`` defers everything). Left out: an expected zero (measure() may judge the sign of a
-    zero result, ``signed_zero``), under ``ftz`` a zero result where the expected value is
-    subnormal (measure() accepts it as flushed), and NaN and infinities (their pattern is its to
-    count). The
+    ``atol`` defers everything), for measure() without ``allow`` or ``bound`` (as the sweep calls
+    it). Left out: under ``ftz`` a zero result where the expected value is subnormal (measure()
+    accepts it as flushed); NaN and infinities (their pattern is its to count); and, to be safe
+    rather than exhaustive, every expected zero (signed zeros are measure()'s to judge). The
     float32 sweep counts these on the device instead of sending them to the host: an op whose
     kernel is far off on a large share of the 2^32 inputs (elu's exp(x) - 1 below ~0.35) would
     otherwise move ~10^9 elements through measure() on the host. They carry

@@ -185,6 +185,8 @@ def derivative_bound_text(bound: dict[str, Any]) -> str:
     """The derivative judge's allowance in one line (judge/bounds/derivative.py)."""
     u = "u of the result's dtype" if bound["native"] else "u of its compute dtype (float32 for 16-bit results)"
     text = f"gamma_(terms + {bound['rule']['roundings']})(u) x magnitude, {u}"
+    if not bound["native"]:
+        text += " (+ (terms + roundings) x its smallest subnormal where a term is nonzero: gradual underflow)"
     if bound["argument"]:
         text += f"; + gamma_{bound['argument']['roundings']}(u) x the argument sensitivity"
     if bound["overflow"]:

@@ -54,7 +54,8 @@ CONVENTIONS = (
      "(its convention); and the derivative bound, gamma_(terms + roundings)(u) times the "
      "magnitude of the result's terms with `roundings` from the cases/derivatives.toml table named "
      "(`[[argument]]`: plus the rounding of the formula's own arguments; `[[overflow]]`: +-inf "
-     "and NaN legal where the terms overflow), plus the dtype's max_ulp."),
+     "and NaN legal where the terms overflow), plus (terms + roundings) times the compute dtype's "
+     "smallest subnormal where a term is nonzero (gradual underflow), plus the dtype's max_ulp."),
     ("- **layouts**: the memory layouts `--layouts default` hands the op's inputs in (one case "
      "per layout and shape family, in the dtype named); **graphs**: the graphs of "
      "cases/graphs.toml with a node of the op (VJP: the graph has VJP cases too)."),

@@ -160,7 +160,7 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
         detail = error_detail(e)
         outcome = "contract" if isinstance(e, KernelContractError) else "error"
         return CaseResult.for_case(case, outcome, duration_s=time.perf_counter() - t0,
-                                   message=detail.strip(), **kw)
+                                   message=detail, **kw)
     kw["output_digest"] = output_digest([x for x in out if x is not None])
     try:
         with np.errstate(all="ignore"):

@@ -270,7 +270,7 @@ def run_case(case: Case, capture: dict[str, Any] | None = None, on_phase: Phase 
         # A broken call convention (output count/shape/dtype, non-array, input written) is its own
         # outcome, never a numeric mismatch or a generic error.
         outcome = "contract" if isinstance(e, KernelContractError) else "error"
-        return CaseResult.for_case(case, outcome, duration_s=dur, message=detail.strip(), **kw)
+        return CaseResult.for_case(case, outcome, duration_s=dur, message=detail, **kw)
     finally:
         if on_phase is not None:
             on_phase("judge")

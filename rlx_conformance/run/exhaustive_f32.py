@@ -111,8 +111,10 @@ def _ulps(got: np.ndarray, want_at: np.ndarray, at: np.ndarray) -> np.ndarray:
 def _add_over(chunk_over: list[tuple[int, dict[str, Any]]], first_over: list[str],
               worst: list[tuple[float, dict[str, Any]]]) -> None:
     """A chunk's over-budget positions (from the device and the host), in bit-pattern order, into
-    the row's ``first_over`` and ``worst``: as judge_row ranks them, every position over budget
-    ahead of any within it, and among them the first in input order."""
+    the row's ``first_over`` and ``worst``: every position over budget ahead of any within it, and
+    among them the first in input order, as judge_row ranks them. (Where fewer than WORST are over
+    budget, the rest of ``worst`` is the chunks' largest ULP distances within it, which need not be
+    judge_row's: the device keeps one such position a chunk.)"""
     chunk_over.sort(key=lambda c: c[0])
     first_over += [e["input"] for _, e in chunk_over[:FIRST_OVER - len(first_over)]]
     worst += [(np.inf, e) for _, e in chunk_over[:WORST]]

@@ -294,7 +294,7 @@ def evaluate(g: Resolved, ref: GradReference, target: Target, capture: dict[str,
     except Exception as e:  # noqa: BLE001 — any failure of the transform is a result
         detail = error_detail(e)
         outcome = "contract" if isinstance(e, KernelContractError) else "error"
-        return graphs.Evaluation(outcome, detail.strip(), fields={"graph": info, **kw})
+        return graphs.Evaluation(outcome, detail, fields={"graph": info, **kw})
     kw["output_digest"] = output_digest(out)
     try:
         with np.errstate(all="ignore"):

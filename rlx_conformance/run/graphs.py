@@ -303,7 +303,7 @@ def evaluate(g: Resolved, ref: Reference, target: Target, capture: dict[str, Any
     except Exception as e:  # noqa: BLE001 — any kernel failure is a result
         detail = error_detail(e)
         outcome = "contract" if isinstance(e, KernelContractError) else "error"
-        return Evaluation(outcome, detail.strip(), fields={"graph": info, **kw})
+        return Evaluation(outcome, detail, fields={"graph": info, **kw})
     kw["output_digest"] = output_digest(out)  # bit-stability across modes (judge/stability.py)
     try:
         with np.errstate(all="ignore"):

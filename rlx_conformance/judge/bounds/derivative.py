@@ -4,10 +4,11 @@ A good implementation computes Jᵀu (or J v, or the HVP) as a sum of rounded pr
 entries and seeds, each entry itself a short formula evaluated in the compute precision, possibly
 from the rounded forward values it saved (as reverse-mode AD does). Its error is then at most
 
-    gamma_(terms + roundings)(u) * M
+    gamma_(terms + roundings)(u) * M  +  (terms + roundings) * eta   (the latter where M > 0)
 
-(Higham Lemma 3.1, gamma in gamma.py) where u is the unit roundoff of the dtype it computes in,
-``M`` the reference's magnitude of the result's terms (DerivativeRule.magnitude: at least
+(Higham Lemma 3.1 and sec. 2.1, gamma in gamma.py) where u is the unit roundoff of the dtype it
+computes in, eta the smallest subnormal of that dtype (gradual underflow's absolute error; not
+for the native data-movement ops, which only add), ``M`` the reference's magnitude of the result's terms (DerivativeRule.magnitude: at least
 |J|ᵀ|u| per input for a VJP, |J||v| per output for a JVP, plus the op's declared sensitivity to
 the rounding of the saved forward values), ``terms`` the most products one result element
 accumulates, and ``roundings`` the roundings inside one Jacobian entry's formula
