@@ -270,7 +270,6 @@ def test_derivative_bound_allows_gradual_underflow_only_where_terms_are_nonzero(
     gradual underflow allows any evaluation order (Higham sec. 2.1) and gamma_n(u) M alone did
     not. The bound now adds n eta (eta the smallest subnormal of the compute dtype) where a term
     is nonzero, nothing where every term is zero, and nothing for native (data movement) ops."""
-    import numpy as np
     eta32 = float(np.finfo(np.float32).smallest_subnormal)
     m = np.array([0.0, 3.5e-44, 1.0])
     b = derivative_bound("softmax", "float32", m, 1001)

@@ -102,10 +102,9 @@ def sample_bits(n: int) -> np.ndarray:
     return np.concatenate([bits, bits | np.uint32(0x80000000)])
 
 
-def _ulps(got: np.ndarray, want_at: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """compare.ulp_distance of ``got[at]`` from ``want_at``."""
-    with np.errstate(all="ignore"):
-        return ulp_distance(got[at], want_at) if at.size else np.zeros(0)
+def _host(a):
+    """A numpy array of ``a`` (CuPy's copied from the device; numpy's as it is)."""
+    return a if isinstance(a, np.ndarray) else a.get()
 
 
 def _add_over(chunk_over: list[tuple[int, dict[str, Any]]], first_over: list[str],
@@ -178,32 +177,27 @@ def sweep(op: str, attrs: dict[str, Any], out_dtype: str, compute: Callable[[np.
             acc["max_ulp"] = max(acc["max_ulp"], dk)
             if dk > 0:
                 worst.append((dk, {"input": _hex(xb_host[k], 32), "x": float(x_host[k]),
-                                   "want": float(np.asarray(want[k:k + 1].get() if xp is not np else want[k:k + 1])
-                                                 .view(onp)[0]),
+                                   "want": float(_host(want[k:k + 1]).view(onp)[0]),
                                    "got": float(got_host[k]), "ulp": dk, "over_budget": False}))
         # over budget beyond doubt (accuracy.certainly_over: finite, no tolerance or flush could
         # pass them): counted here, only their first few positions go to the host
         over_dev = decided & asserted & certainly_over(judged, gb, want, out_dtype, budget, ftz=ftz, xp=xp)
         n_over = int(xp.count_nonzero(over_dev))
-        over_first = np.zeros(0, np.int64)  # the chunk's first such positions, in bit-pattern order
-        want_at = np.zeros(0, onp)
+        chunk_over = []  # its over-budget positions, device's and host's, merged in bit-pattern order
         if n_over:
             acc["checked"] += n_over
             acc["over"] += n_over
             acc["max_ulp"] = max(acc["max_ulp"], float(xp.max(xp.where(over_dev, d, 0))))
-            at = xp.nonzero(over_dev)[0][:max(FIRST_OVER, WORST)]
-            over_first = at.get() if xp is not np else at
-            want_at = (want[at].get() if xp is not np else want[at]).view(onp)
+            at = xp.nonzero(over_dev)[0][:max(FIRST_OVER, WORST)]  # the first, in bit-pattern order
+            chunk_over = [(int(i), {"input": _hex(xb_host[i], 32), "x": float(x_host[i]), "want": float(w),
+                                    "got": float(got_host[i]), "ulp": float(u), "over_budget": True})
+                          for i, w, u in zip(_host(at), _host(want[at]).view(onp), _host(d[at]))]
         rest = xp.nonzero(~settled & ~over_dev)[0]
-        rest_h = rest.get() if xp is not np else rest
-        und_h = (~decided[rest]).get() if xp is not np else ~decided[rest]
-        want_h = (want[rest].get() if xp is not np else want[rest]).view(onp).copy()
+        rest_h = _host(rest)
+        und_h = _host(~decided[rest])
+        want_h = _host(want[rest]).view(onp).copy()
         t_oracle += time.perf_counter() - t0
         acc["n"] += x_host.size
-        # over-budget positions of the chunk, device's and host's, merged in bit-pattern order
-        chunk_over = [(int(i), {"input": _hex(xb_host[i], 32), "x": float(x_host[i]), "want": float(want_at[j]),
-                                "got": float(got_host[i]), "ulp": float(ulp_f), "over_budget": True})
-                      for j, (i, ulp_f) in enumerate(zip(over_first, _ulps(got_host, want_at, over_first)))]
         if rest_h.size == 0:
             _add_over(chunk_over, first_over, worst)
             continue
