@@ -25,8 +25,10 @@ from rlx_conformance.run import outcomes as run_div
 ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ("reports/baseline", "reports/gpu-baseline")
 # the committed GPU runs that hold every case of their selection (no --sample-grad subset, whose
-# entries would rightly say "matched no case"): judged again like the baselines
+# entries would rightly say "matched no case"): judged again like the baselines; those of one
+# target (device and mode) have no smaller one-mode subset to judge on its own
 WHOLE_RUNS = ("reports/gpu-baseline/derivatives-eager-lazy",)
+WHOLE_RUNS_OF_ONE_TARGET = ("reports/gpu-baseline/derivatives-compiled",)
 
 
 def _case(op: str, dtype: str, case_id: str, target: Target) -> SimpleNamespace:
@@ -54,7 +56,7 @@ NEWER_THAN_BASELINE = {
 }
 
 
-@pytest.mark.parametrize("baseline", BASELINES + WHOLE_RUNS)
+@pytest.mark.parametrize("baseline", BASELINES + WHOLE_RUNS + WHOLE_RUNS_OF_ONE_TARGET)
 def test_baseline_rejudges_to_what_it_records(baseline):
     """``merge --rejudge`` of a committed baseline under the file as it is gives every record
     back unchanged, marks nothing stale and warns of nothing: the data and the baseline agree
