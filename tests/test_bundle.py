@@ -274,3 +274,25 @@ def test_derivative_repro_rebuilds_the_call_rather_than_replaying_it(tmp_path, m
     assert p.returncode == 0 and "FIXED" in p.stdout, p.stdout + p.stderr
     with np.load(folder / "actual.npz") as a, np.load(tmp_path / "out.npz") as b:
         assert np.array_equal(a["out0"], b["out0"] * np.float32(1.5))
+
+
+def test_a_bundle_without_repro_py_says_why_and_where(tmp_path, monkeypatch):
+    """When repro.py cannot be assembled (a harness bug, not one of the known limits), the
+    bundle keeps its arrays and case.json's ``repro_py_missing`` names the exception and the
+    frames it was raised in, by package-relative path (core.errors.error_detail), not the
+    machine's absolute paths."""
+    from rlx_conformance.run import bundle
+
+    def broken(*_a, **_k):
+        raise ValueError("no source for this kernel")
+
+    monkeypatch.setattr(bundle, "repro_script", broken)
+    case = find_case("exp/float32/shape:7/vals:random/mlx-cpu-eager")
+    r = reproduce(case, tmp_path)
+    folder = tmp_path / r.repro
+    doc = json.loads((folder / "case.json").read_text())
+    assert doc["repro_py"] is None and not (folder / "repro.py").exists()
+    why = doc["repro_py_missing"]
+    assert why.startswith("ValueError: no source for this kernel")
+    assert 'File "' in why and "broken" in why and str(Path(__file__).parent) not in why
+    assert (folder / "inputs.npz").exists() and (folder / "expected.npz").exists()

@@ -32,7 +32,6 @@ import re
 import shutil
 import sys
 import sysconfig
-import traceback
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ from rlx_conformance.backends import get_backend
 from rlx_conformance.backends.base import compute_dtypes, differentiable_arrays
 from rlx_conformance.core import dtypes as dt
 from rlx_conformance.core import results as res
-from rlx_conformance.core.errors import RlxError
+from rlx_conformance.core.errors import RlxError, error_detail
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate.matrix import Case, case_layouts, make_inputs
 from rlx_conformance.judge.bounds.derivative import roundings_for
@@ -272,9 +271,8 @@ def write_bundle(case: Case, r: CaseResult, root: Path, arrays: dict[str, Any], 
                 if actual is not None and judged in ("pass", "fail"):
                     doc["self_check"] = _self_check(src, entry_points, doc, inputs, expected, actual, aux, judged)
             except Exception as e:  # noqa: BLE001 — a bundle without repro.py still has the arrays
-                why = f"{type(e).__name__}: {e}"
-                if not isinstance(e, _known_limits()):
-                    why += "\n" + "".join(traceback.format_exception(e)[-3:])
+                # a known limit says enough by itself; anything else also says where it was raised
+                why = f"{type(e).__name__}: {e}" if isinstance(e, _known_limits()) else error_detail(e, frames=3)
     doc["repro_py"] = "repro.py" if (tmp / "repro.py").exists() else None
     if why:
         doc["repro_py_missing"] = why
