@@ -54,4 +54,3 @@ def test_a_path_object_on_sys_path_does_not_break_the_record(monkeypatch):
     import pathlib
     monkeypatch.setattr("sys.path", [pathlib.Path("/tmp"), "/tmp/site"])
     assert _short_path("/tmp/site/pkg/mod.py") == "pkg/mod.py"
-
