@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from rlx_conformance.core.errors import RlxError
@@ -17,6 +18,7 @@ from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate import matrix
 from rlx_conformance.generate.matrix import Target
 from rlx_conformance.judge import divergences as kd
+from rlx_conformance.judge.compare import Tolerance, compare, wrong_summary
 from rlx_conformance.judge.divergences import Divergence
 from rlx_conformance.report import records
 from rlx_conformance.run import exhaustive
@@ -200,6 +202,33 @@ def test_an_entry_excuses_only_its_kinds_under_its_caps():
     assert "max_rel_err 2e-06 > cap 1e-06" in d.excuse(rec(rel=2e-6))
     assert d.excuse(rec(nonfinite=3)) == "it excuses value, not nonfinite"
     assert d.excuse(rec(outcome="crash")) == "it excuses value, not crash"
+
+
+def test_caps_bound_the_wrong_values_not_the_passing_ones():
+    """A passing element can have any relative error (1e-9 where the reference is 0, within its
+    absolute bound: inf); the caps bound how wrong the *excused* values are, so they are checked
+    against the wrong elements' maxima (the record's mismatch), and against the record's maxima
+    only where a record lacks them (written before), which is never looser."""
+    expected = np.array([0.0, 1.0, 2.0], np.float32)
+    bound = np.array([1e-8, 0.0, 0.0])
+    d = Divergence(key="k", op=("exp",), category="precision", reason="r", excuses=frozenset({"value"}),
+                   max_ulp=4, max_rel_err=1e-6)
+
+    def record(actual):
+        c = compare(expected, np.array(actual, np.float32), exact=False, signed_zero=True,
+                    tol=Tolerance(), bound=bound)
+        assert not c.ok and c.max_rel_err == np.inf  # the passing 1e-9 at the reference's 0
+        return SimpleNamespace(outcome="fail", max_ulp=c.max_ulp, max_rel_err=c.max_rel_err,
+                               max_abs_err=c.max_abs_err, nonfinite_mismatches=None,
+                               mismatch=wrong_summary([c]))
+
+    two_ulp = record([1e-9, np.nextafter(np.nextafter(np.float32(1), 2), 2), 2.0])
+    assert two_ulp.mismatch["max_ulp"] == 2 and two_ulp.mismatch["max_rel_err"] < 1e-6
+    assert d.excuse(two_ulp) is None
+    far = record([1e-9, 1.5, 2.0])
+    assert d.excuse(far).endswith("(of the wrong values)") and "max_rel_err 0.5 > cap 1e-06" in d.excuse(far)
+    old = SimpleNamespace(**{**vars(two_ulp), "mismatch": {"count": 1}})  # a record from before
+    assert "max_rel_err inf > cap 1e-06" in d.excuse(old)
 
 
 def test_an_unexcused_failure_stays_a_failure_naming_the_entry(monkeypatch):

@@ -102,8 +102,10 @@ class CaseResult:
     nonfinite_mismatches: int | None = None
     # a failing case's wrong elements (run/execute.py mismatch; None otherwise, and in records
     # written before it existed): count, checked, counts per kind (NaN, inf, value, signed
-    # zero, ...), and the first few positions with the reference's and the target's values and,
-    # for a gather or scatter, the index tuple that produced them ("from")
+    # zero, ...), the largest errors among the wrong finite values (max_abs_err, max_rel_err,
+    # max_ulp: what a known divergence's caps bound; absent in records before 2026-12-05), and
+    # the first few positions with the reference's and the target's values and, for a gather or
+    # scatter, the index tuple that produced them ("from")
     mismatch: dict[str, Any] | None = None
 
     @classmethod

@@ -219,6 +219,36 @@ class Comparison:
     positions: list[tuple[int, ...]] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)
     exact: bool = False  # judged bit for bit (integers, bools, data movement)
+    # on failure only: the largest errors among the wrong finite values (kind "value"; None where
+    # no finite value is wrong). The maxima above run over every asserted element, passing ones
+    # included (a 1e-9 within an absolute bound where the reference is 0 has relative error inf);
+    # a known divergence's caps bound how wrong the values it excuses are, so they are checked
+    # against these (judge/divergences.py)
+    wrong_max_abs_err: float | None = None
+    wrong_max_rel_err: float | None = None
+    wrong_max_ulp: float | None = None
+
+
+WRONG_MAXIMA = ("max_abs_err", "max_rel_err", "max_ulp")  # Comparison.wrong_<name>
+
+
+def wrong_summary(comps: list[Comparison]) -> dict:
+    """A failing case's record of its wrong elements over its failing comparisons (``comps``):
+    how many, of how many asserted, per kind (NaN, inf, value, signed zero, order-dependent
+    outcome), and the largest errors among the wrong finite values where any comparison measured
+    them. The judges of single ops, derivatives and graphs all record it (``mismatch``), each
+    adding its first wrong positions."""
+    kinds: dict[str, int] = {}
+    for c in comps:
+        for k, n in c.kinds.items():
+            kinds[k] = kinds.get(k, 0) + n
+    out: dict = {"count": sum(c.mismatches for c in comps), "checked": sum(c.checked for c in comps),
+                 "kinds": kinds}
+    for k in WRONG_MAXIMA:
+        got = [v for v in (getattr(c, "wrong_" + k) for c in comps) if v is not None]
+        if got:
+            out[k] = max(got)
+    return out
 
 
 FIRST_POSITIONS = 5  # wrong positions a failing Comparison lists (cheap: only on failure)
@@ -432,7 +462,7 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
             res.kinds = {"value": nbad}
             e64 = expected.astype(np.float64)
             a64 = actual.astype(np.float64)
-            res.max_abs_err = float(np.max(np.abs(e64 - a64)[bad]))
+            res.max_abs_err = res.wrong_max_abs_err = float(np.max(np.abs(e64 - a64)[bad]))
             res.message = (f"{name}: {nbad}/{n} elements differ; first at {idx}: "
                            f"expected {expected.flat[i]!r}, got {actual.flat[i]!r}")
         return res
@@ -520,6 +550,11 @@ def compare(expected: np.ndarray, actual: np.ndarray, *, exact: bool, signed_zer
             ("NaN", nan_bad & fixed), ("inf", inf_bad & fixed), ("value", val_bad & fixed),
             ("signed zero", sz_bad & fixed), ("order-dependent outcome", free_bad)) if v.any()}
         res.positions = first_positions(bad)
+        vbad = val_bad & fixed
+        if vbad.any():
+            res.wrong_max_abs_err = float(abs_err[vbad].max())
+            res.wrong_max_rel_err = float(rel_err[vbad].max())
+            res.wrong_max_ulp = float(ulp[vbad].max())
         score = np.where(bad, np.where(finite & ~free, ulp, np.inf), -1.0)
         i = int(np.argmax(score))
         idx = _flat_index(expected.shape, i)

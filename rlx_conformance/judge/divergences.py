@@ -66,6 +66,21 @@ class Measured(Protocol):
     max_rel_err: float | None
     max_abs_err: float | None
     nonfinite_mismatches: int | None
+    # and ``mismatch`` where the judge listed the wrong elements (run/execute.py): the caps are
+    # checked against its maxima (:func:`capped`)
+
+
+def capped(r: Measured) -> tuple[dict[str, float], bool]:
+    """What an entry's caps are checked against, and whether it is the wrong values' own: the
+    largest errors among the elements the failure is about (the record's ``mismatch``, where its
+    judge measured them), not the record's maxima, which run over every asserted element (a
+    passing 1e-9 within an absolute bound where the reference is 0 has relative error inf and
+    would exceed any relative cap). Records without them (written before, a whole-output judge's,
+    an accuracy budget exceeded with every element within its bound) give the record's maxima:
+    never less than the wrong values' own, so a cap is never looser for them."""
+    wrong = getattr(r, "mismatch", None) or {}
+    of_wrong = any(k in wrong for k in CAPS)
+    return {k: float(wrong[k] if k in wrong else (getattr(r, k, None) or 0)) for k in CAPS}, of_wrong
 
 
 def failure_kinds(r: Measured) -> frozenset[str]:
@@ -151,10 +166,11 @@ class Divergence:
         if extra:
             return f"it excuses {', '.join(sorted(self.excuses))}, not {', '.join(extra)}"
         if "value" in kinds:
-            over = [f"{k} {getattr(r, k):.3g} > cap {getattr(self, k):.3g}" for k in CAPS
-                    if getattr(self, k) is not None and (getattr(r, k, None) or 0) > getattr(self, k)]
+            got, of_wrong = capped(r)
+            over = [f"{k} {got[k]:.3g} > cap {getattr(self, k):.3g}" for k in CAPS
+                    if getattr(self, k) is not None and got[k] > getattr(self, k)]
             if over:
-                return "; ".join(over)
+                return "; ".join(over) + (" (of the wrong values)" if of_wrong else "")
         return None
 
     def caps(self) -> str:

@@ -24,7 +24,7 @@ from rlx_conformance.judge.bounds.derivative import (
     overflow_rule_for,
     roundings_for,
 )
-from rlx_conformance.judge.compare import Bound, Comparison, compare
+from rlx_conformance.judge.compare import Bound, Comparison, compare, wrong_summary
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import default_tolerance
 from rlx_conformance.run.recent import Recent
@@ -185,9 +185,7 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     if not ok:
         wrong = [c for c in comps if not c.ok and c.positions]
         if wrong:
-            measured["mismatch"] = {"count": sum(c.mismatches for c in wrong),
-                                    "checked": sum(c.checked for c in wrong),
-                                    "kinds": _sum_kinds(wrong), "exact": False,
+            measured["mismatch"] = {**wrong_summary(wrong), "exact": False,
                                     "first": _first(case, ref, out, comps)}
     msg = "; ".join(c.message for c in comps if c.message)
     return CaseResult.for_case(case, "pass" if ok else "fail", message=msg,
@@ -203,14 +201,6 @@ def _bound_source(case: Case, ref: Reference) -> str:
         src += f"+{arg.source}"
     over = overflow_rule_for(case.op)
     return src + (f"+{over.source}" if over is not None else "")
-
-
-def _sum_kinds(comps: list[Comparison]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for c in comps:
-        for k, n in c.kinds.items():
-            out[k] = out.get(k, 0) + n
-    return out
 
 
 def _first(case: Case, ref: Reference, actual: list[np.ndarray | None], comps: list[Comparison]

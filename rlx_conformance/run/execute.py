@@ -23,6 +23,7 @@ from rlx_conformance.judge.compare import (
     Bound,
     Comparison,
     compare,
+    wrong_summary,
 )
 from rlx_conformance.judge.positions import source
 from rlx_conformance.judge.stability import output_digest
@@ -133,11 +134,8 @@ def mismatch(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], a
     wrong = [(k, c) for k, c in enumerate(comps) if not c.ok and c.positions]
     if not wrong:
         return None
-    kinds: dict[str, int] = {}
     first: list[dict[str, Any]] = []
     for k, c in wrong:
-        for kind, n in c.kinds.items():
-            kinds[kind] = kinds.get(kind, 0) + n
         e = expected[k] if k < len(expected) else None
         a = actual[k] if k < len(actual) else None
         for pos in c.positions:
@@ -148,8 +146,7 @@ def mismatch(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], a
             if where:
                 row["from"] = where
             first.append(row)
-    return {"count": sum(c.mismatches for _, c in wrong), "checked": sum(c.checked for _, c in wrong),
-            "kinds": kinds, "exact": all(c.exact for _, c in wrong), "first": first}
+    return {**wrong_summary([c for _, c in wrong]), "exact": all(c.exact for _, c in wrong), "first": first}
 
 
 @dataclass

@@ -28,7 +28,7 @@ from rlx_conformance.judge.bounds.graph_grad import (
     finite_or_inf,
     node_own_error,
 )
-from rlx_conformance.judge.compare import Comparison, compare
+from rlx_conformance.judge.compare import Comparison, compare, wrong_summary
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import default_tolerance
 from rlx_conformance.ops import get_op
@@ -316,8 +316,7 @@ def evaluate(g: Resolved, ref: GradReference, target: Target, capture: dict[str,
         if wrong:
             exp = expected_grads(ref)
             measured["mismatch"] = {
-                "count": sum(c.mismatches for _, c in wrong), "checked": sum(c.checked for _, c in wrong),
-                "kinds": {kind: sum(c.kinds.get(kind, 0) for _, c in wrong) for _, c0 in wrong for kind in c0.kinds},
+                **wrong_summary([c for _, c in wrong]),
                 "exact": False,
                 "first": [{"input": k, "name": ref.primals[k], "at": list(p), "expected": str(exp[k][p]),
                            "actual": str(out[k][p]), "bound": float(ref.error[ref.primals[k]][p])}

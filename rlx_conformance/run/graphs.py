@@ -26,7 +26,7 @@ from rlx_conformance.judge.bounds.graph import (
     graph_bound,
     own_error,
 )
-from rlx_conformance.judge.compare import Comparison, compare
+from rlx_conformance.judge.compare import Comparison, compare, wrong_summary
 from rlx_conformance.judge.stability import output_digest
 from rlx_conformance.judge.tolerances import default_tolerance, tolerance_for
 from rlx_conformance.ops import get_op
@@ -325,8 +325,7 @@ def evaluate(g: Resolved, ref: Reference, target: Target, capture: dict[str, Any
         if wrong:
             exp = expected_outputs(g, ref)
             measured["mismatch"] = {
-                "count": sum(c.mismatches for _, c in wrong), "checked": sum(c.checked for _, c in wrong),
-                "kinds": {kind: sum(c.kinds.get(kind, 0) for _, c in wrong) for _, c0 in wrong for kind in c0.kinds},
+                **wrong_summary([c for _, c in wrong]),
                 "exact": all(c.exact for _, c in wrong),
                 "first": [{"output": k, "at": list(p), "expected": str(exp[k][p]), "actual": str(out[k][p]),
                            "bound": float(np.asarray(ref.error[g.outputs[k]])[p])
