@@ -8,6 +8,7 @@ whose cases all pass, is stale: xpass, which only the whole set (or the merge) c
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -31,9 +32,9 @@ RUN = ["run", "--ops", "neg,exp", "--dtypes", "float64", "--mode", "eager,lazy",
        "--no-progress"]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("merge")
+def _make_runs(root: Path) -> dict[str, subprocess.CompletedProcess]:
+    """The module's CLI runs (see the module docstring), under ``root``."""
+    root.mkdir()
     cases = root / "cases"
     shutil.copytree(ROOT / "cases", cases)
     kd = cases / "known_divergences.toml"
@@ -60,6 +61,32 @@ def runs(tmp_path_factory):
     out["resumed"] = cli_run(*RUN, "--resume", str(root / "resumed"))
     out["rejudged"] = cli_run("merge", str(root / "rejudged"), str(root / "whole"), "--rejudge")
     out["stray"] = cli_run(*RUN[:2], "neg", *RUN[3:], "--resume", str(root / "resumed"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, worker_id):
+    """The runs, made once per test session: under pytest-xdist every worker that gets one of
+    this module's tests would set this module fixture up (some 40 s of CLI runs each); the first
+    makes them in the session's shared temporary folder and the others, waiting on a lock, read
+    what it recorded (the runs' reports stay where the tests read them, the processes' exit
+    codes and output in merge-runs.json)."""
+    if worker_id == "master":  # not under xdist: this process's own folder
+        root = tmp_path_factory.getbasetemp() / "merge-runs"
+        procs = _make_runs(root)
+    else:
+        root = tmp_path_factory.getbasetemp().parent / "merge-runs"
+        record = root.parent / "merge-runs.json"
+        with open(root.parent / "merge-runs.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if record.is_file():
+                procs = {k: subprocess.CompletedProcess(**v) for k, v in json.loads(record.read_text()).items()}
+            else:
+                shutil.rmtree(root, ignore_errors=True)  # a worker that failed here left part of it
+                procs = _make_runs(root)
+                record.write_text(json.dumps({k: {"args": p.args, "returncode": p.returncode, "stdout": p.stdout,
+                                                  "stderr": p.stderr} for k, p in procs.items()}))
+    out = dict(procs)
     stray = out.pop("stray")
     assert stray.returncode == 2 and "outside this selection" in stray.stderr
     assert len(stray.stderr.strip().splitlines()) <= 2, stray.stderr  # "resuming ..." + the error
@@ -257,17 +284,18 @@ def test_the_shards_sweeps_merge_with_them(tmp_path):
     assert "shard" not in doc["run"] and not doc["failed"]
 
 
-def test_shards_of_layout_and_graph_cases_merge_to_the_whole_run(tmp_path):
+def test_shards_of_layout_and_graph_cases_merge_to_the_whole_run(tmp_path, capsys):
     """A selection with layout and graph cases (issue 17): two shards, merged, give the whole
     run's records (the layout and graph ones among them), summary and stability section."""
     sel = ["run", "--ops", "relu,mat_mul,graph:residual*", "--layouts", "default", "--grad", "none",
            "--dtypes", "float32", "--mode", "eager,compiled", "--workers", "1", "--no-progress", "--no-bundles"]
 
-    def cli_run(*args: str) -> subprocess.CompletedProcess:
-        p = subprocess.run([sys.executable, "-m", "rlx_conformance", *args], check=False, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=600)
-        assert p.returncode in (0, 1), p.stdout + p.stderr
-        return p
+    def cli_run(*args: str) -> None:
+        # in this process (the cases still run in the runner's worker processes): what is tested
+        # is the records, not the command's process, and four interpreter starts cost ~12 s
+        code = cli.main(list(args))
+        out, err = capsys.readouterr()
+        assert code in (0, 1), out + err
 
     cli_run(*sel, "--report", str(tmp_path / "whole"))
     for i in (1, 2):

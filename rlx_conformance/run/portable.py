@@ -24,10 +24,12 @@ import ast
 import builtins
 import dataclasses
 import dis
+import functools
 import importlib
 import importlib.util
 import inspect
 import math
+import os
 import sys
 import textwrap
 import types
@@ -69,14 +71,15 @@ def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
             yield from _code_objects(c)
 
 
-def _global_loads(code: types.CodeType) -> list[str]:
+@functools.cache  # code objects are immutable; every bundle of a run disassembles the same ones
+def _global_loads(code: types.CodeType) -> tuple[str, ...]:
     """Names a code object (and the functions, lambdas, comprehensions inside it) reads as globals."""
     names: dict[str, None] = {}
     for c in _code_objects(code):
         for ins in dis.get_instructions(c):
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL"):
                 names[ins.argval] = None
-    return list(names)
+    return tuple(names)
 
 
 def _locals(code: types.CodeType) -> set[str]:
@@ -123,6 +126,20 @@ def _names(*nodes: ast.AST) -> _Names:
     return v
 
 
+@functools.cache
+def _definition_names(*nodes: ast.AST) -> _Names:
+    """:func:`_names` of parts of a definition kept by :func:`_definition_source` (the cache holds
+    the nodes, so their identity cannot be reused): computed once per run, not once per bundle.
+    Shared: callers only read it."""
+    return _names(*nodes)
+
+
+@functools.cache
+def _import_statements(node: ast.AST) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    """The import statements anywhere in a definition kept by :func:`_definition_source`."""
+    return tuple(n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
 class _Rename(ast.NodeTransformer):
     def __init__(self, renames: Mapping[str, str]):
         self.renames = renames
@@ -154,6 +171,37 @@ def _parsed_def(text: str, obj: Any) -> ast.FunctionDef | ast.AsyncFunctionDef |
         raise NotPortable(f"{obj.__qualname__}: its source file ({inspect.getsourcefile(obj)}) changed "
                           "since it was imported")
     return node
+
+
+# obj -> ((size, mtime) of its source file, its dedented source, its parsed definition)
+_DEFINITIONS: dict[Any, tuple[tuple[int, int] | None, str, ast.AST]] = {}
+
+
+def _definition_source(obj: Any) -> tuple[str, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    """``inspect.getsource(obj)``, dedented, and its definition (:func:`_parsed_def`), kept per
+    object while its source file keeps its size and modification time (what linecache, which
+    inspect reads through, checks too: an edited file is read and checked again). Every repro
+    bundle of a run embeds the same judge and runtime (some 40 definitions): reading and parsing
+    their source anew, a class's whole module each time, took most of a bundle's time. The node
+    is shared: callers only read it."""
+    try:
+        st = os.stat(inspect.getsourcefile(obj) or "")
+        stamp: tuple[int, int] | None = (st.st_size, st.st_mtime_ns)
+    except (OSError, TypeError):
+        stamp = None
+    try:
+        hit = _DEFINITIONS.get(obj)
+    except TypeError:  # unhashable: not kept
+        hit = None
+    if hit is not None and stamp is not None and hit[0] == stamp:
+        return hit[1], hit[2]  # type: ignore[return-value]
+    text = textwrap.dedent(inspect.getsource(obj))
+    node = _parsed_def(text, obj)
+    try:
+        _DEFINITIONS[obj] = (stamp, text, node)
+    except TypeError:
+        pass
+    return text, node
 
 
 def _module_source(obj: Any) -> tuple[str, ast.Module]:
@@ -370,7 +418,7 @@ class Extractor:
             self.expr(getattr(mod, a))  # defined now, before the namespace that lists it
 
     # -- definitions -------------------------------------------------------------------------------
-    def _bind_all(self, where: Mapping[str, Any], names: Iterator[str] | list[str],
+    def _bind_all(self, where: Mapping[str, Any], names: Iterator[str] | Sequence[str],
                   attrs: Mapping[str, set[str]], skip: set[str] = frozenset()) -> dict[str, str]:
         """Bind the globals a definition uses; returns {its name: emitted name} where they differ."""
         renames = {}
@@ -402,9 +450,9 @@ class Extractor:
             extra: list[str] = []
         else:
             assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            names = _names(*node.body)
-            extra = list(_names(*node.args.defaults, *[d for d in node.args.kw_defaults if d]).loads)
-        renames |= self._bind_all(fn.__globals__, list(dict.fromkeys(_global_loads(code) + extra)), names.attrs)
+            names = _definition_names(*node.body)
+            extra = list(_definition_names(*node.args.defaults, *[d for d in node.args.kw_defaults if d]).loads)
+        renames |= self._bind_all(fn.__globals__, list(dict.fromkeys([*_global_loads(code), *extra])), names.attrs)
         return renames
 
     def _definition(self, obj: Any, root: bool, name: str) -> str:
@@ -413,8 +461,7 @@ class Extractor:
         fn = inspect.unwrap(obj)
         if fn is not obj and root:
             raise NotPortable(f"{obj.__qualname__}: a decorated kernel (its decorators are dropped)")
-        text = textwrap.dedent(inspect.getsource(fn))
-        node = _parsed_def(text, fn)
+        text, node = _definition_source(fn)
         renames = self._function_deps(fn, node)
         lines = text.splitlines()
         edits, more = self._lazy_imports(fn, node)
@@ -425,7 +472,7 @@ class Extractor:
         if root or not node.decorator_list:
             lines = lines[node.lineno - 1:]
         else:
-            deco = _names(*node.decorator_list)
+            deco = _definition_names(*node.decorator_list)
             renames |= self._bind_all(fn.__globals__, list(deco.loads), deco.attrs)
         text = "\n".join(lines)
         if name != fn.__name__:
@@ -446,7 +493,7 @@ class Extractor:
         renames: dict[str, str] = {}
         mod = sys.modules.get(fn.__module__)
         pkg = fn.__module__ if hasattr(mod, "__path__") else fn.__module__.rpartition(".")[0]
-        for n in ast.walk(node):
+        for n in _import_statements(node):
             if isinstance(n, ast.Import):
                 if any(a.name.split(".")[0] in self._local for a in n.names):
                     raise NotPortable(f"{fn.__qualname__}: imports a project module in its body")
@@ -473,12 +520,11 @@ class Extractor:
         return edits, renames
 
     def _class_definition(self, cls: type, name: str) -> str:
-        text = textwrap.dedent(inspect.getsource(cls))
-        node = _parsed_def(text, cls)
+        text, node = _definition_source(cls)
         assert isinstance(node, ast.ClassDef)
         where = vars(sys.modules[cls.__module__])
         body = [s for s in node.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        outer = _names(*body, *node.bases, *node.decorator_list, *[k.value for k in node.keywords])
+        outer = _definition_names(*body, *node.bases, *node.decorator_list, *[k.value for k in node.keywords])
         renames = self._bind_all(where, list(outer.loads), outer.attrs)
         source_file = inspect.getsourcefile(cls)
         for member in vars(cls).values():
@@ -491,7 +537,7 @@ class Extractor:
                               if isinstance(m, ast.FunctionDef) and m.name == f.__name__), None)
                 if fnode is not None and self._lazy_imports(f, fnode)[0]:
                     raise NotPortable(f"{f.__qualname__}: project import inside a method")
-                attrs = _names(fnode).attrs if fnode is not None else {}
+                attrs = _definition_names(fnode).attrs if fnode is not None else {}
                 more = self._bind_all(f.__globals__, _global_loads(f.__code__), attrs)
                 if set(more) & _locals(f.__code__):
                     raise NotPortable(f"{f.__qualname__}: renamed global(s) are also local names")
