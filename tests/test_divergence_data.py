@@ -231,6 +231,32 @@ def test_caps_bound_the_wrong_values_not_the_passing_ones():
     assert "max_rel_err inf > cap 1e-06" in d.excuse(old)
 
 
+def test_a_nan_mismatch_among_passing_differences_is_of_kind_nonfinite_only():
+    """A record whose only wrong element is a NaN mismatch fails by kind "nonfinite" even where
+    its passing elements differ from the reference within their bound; a wrong finite value adds
+    "value". A record without the judge's list (written before) counts any difference as
+    "value", never fewer kinds."""
+    expected = np.array([np.nan, 1.0, 0.0], np.float32)
+    bound = np.array([0.0, 1e-6, 1e-8])
+    d = Divergence(key="k", op=("exp",), category="precision", reason="r", excuses=frozenset({"nonfinite"}))
+
+    def record(actual):
+        c = compare(expected, np.array(actual, np.float32), exact=False, signed_zero=True,
+                    tol=Tolerance(), bound=bound)
+        return SimpleNamespace(outcome="fail", max_ulp=c.max_ulp, max_rel_err=c.max_rel_err,
+                               max_abs_err=c.max_abs_err, nonfinite_mismatches=c.nonfinite,
+                               mismatch=wrong_summary([c]))
+
+    nan_only = record([2.0, np.nextafter(np.float32(1), 2), 1e-9])
+    assert nan_only.max_ulp > 0 and kd.failure_kinds(nan_only) == {"nonfinite"}
+    assert d.excuse(nan_only) is None
+    also_value = record([2.0, 1.5, 1e-9])
+    assert kd.failure_kinds(also_value) == {"nonfinite", "value"}
+    assert d.excuse(also_value) == "it excuses nonfinite, not value"
+    old = SimpleNamespace(**{**vars(nan_only), "mismatch": {"count": 1, "kinds": {"NaN": 1}}})
+    assert kd.failure_kinds(old) == {"nonfinite", "value"}
+
+
 def test_an_unexcused_failure_stays_a_failure_naming_the_entry(monkeypatch):
     entry = Divergence(key="exp-ulp", op=("exp",), category="precision", reason="r",
                        excuses=frozenset({"value"}), max_ulp=16)

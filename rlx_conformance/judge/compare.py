@@ -233,19 +233,22 @@ WRONG_MAXIMA = ("max_abs_err", "max_rel_err", "max_ulp")  # Comparison.wrong_<na
 
 
 def wrong_summary(comps: list[Comparison]) -> dict:
-    """A failing case's record of its wrong elements over its failing comparisons (``comps``):
-    how many, of how many asserted, per kind (NaN, inf, value, signed zero, order-dependent
-    outcome), and the largest errors among the wrong finite values where any comparison measured
-    them. The judges of single ops, derivatives and graphs all record it (``mismatch``), each
-    adding its first wrong positions."""
+    """A failing case's record of its wrong elements, over those of its comparisons (``comps``:
+    all of the case's) that failed listing them: how many, of how many asserted, per kind (NaN,
+    inf, value, signed zero, order-dependent outcome), the largest errors among the wrong finite
+    values where any comparison measured them, and ``unlisted``, how many failed without listing
+    elements (a shape or dtype mismatch): where none did, the kinds are the whole failure's. The
+    judges of single ops, derivatives and graphs all record it (``mismatch``), each adding its
+    first wrong positions."""
+    listed = [c for c in comps if not c.ok and c.positions]
     kinds: dict[str, int] = {}
-    for c in comps:
+    for c in listed:
         for k, n in c.kinds.items():
             kinds[k] = kinds.get(k, 0) + n
-    out: dict = {"count": sum(c.mismatches for c in comps), "checked": sum(c.checked for c in comps),
-                 "kinds": kinds}
+    out: dict = {"count": sum(c.mismatches for c in listed), "checked": sum(c.checked for c in listed),
+                 "kinds": kinds, "unlisted": sum(not c.ok and not c.positions for c in comps)}
     for k in WRONG_MAXIMA:
-        got = [v for v in (getattr(c, "wrong_" + k) for c in comps) if v is not None]
+        got = [v for v in (getattr(c, "wrong_" + k) for c in listed) if v is not None]
         if got:
             out[k] = max(got)
     return out

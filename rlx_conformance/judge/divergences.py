@@ -85,7 +85,9 @@ def capped(r: Measured) -> tuple[dict[str, float], bool]:
 
 def failure_kinds(r: Measured) -> frozenset[str]:
     """The kinds of failure a record shows (:data:`KINDS`); empty for a pass or a skip. A failed
-    comparison is "value", "nonfinite" or both (finite elements off and NaN/inf pattern off)."""
+    comparison is "value", "nonfinite" or both (finite elements off and NaN/inf pattern off).
+    Records before 2026-12-05 cannot say whether a NaN/inf mismatch came with wrong finite values
+    too; any nonzero error in them counts as "value" (never fewer kinds than they showed)."""
     if r.outcome in ("error", "contract"):
         return frozenset({"error"})
     if r.outcome in ("crash", "timeout"):
@@ -95,8 +97,15 @@ def failure_kinds(r: Measured) -> frozenset[str]:
     out = set()
     if getattr(r, "nonfinite_mismatches", None):
         out.add("nonfinite")
-    if not out or any((getattr(r, k, None) or 0) > 0 for k in CAPS):
-        out.add("value")
+    wrong = getattr(r, "mismatch", None) or {}
+    if out and wrong.get("unlisted") == 0:
+        # every failing comparison listed its wrong elements (records since 2026-12-05): "value"
+        # only where a finite value (or a zero's sign) is wrong, not where a NaN/inf mismatch
+        # comes with passing elements that differ from the reference within their bound
+        if any(wrong.get("kinds", {}).get(k) for k in ("value", "signed zero")):
+            out.add("value")
+    elif not out or any((getattr(r, k, None) or 0) > 0 for k in CAPS):
+        out.add("value")  # a record that cannot tell: any difference counts
     return frozenset(out)
 
 

@@ -185,7 +185,7 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     if not ok:
         wrong = [c for c in comps if not c.ok and c.positions]
         if wrong:
-            measured["mismatch"] = {**wrong_summary(wrong), "exact": False,
+            measured["mismatch"] = {**wrong_summary(comps), "exact": False,
                                     "first": _first(case, ref, out, comps)}
     msg = "; ".join(c.message for c in comps if c.message)
     return CaseResult.for_case(case, "pass" if ok else "fail", message=msg,

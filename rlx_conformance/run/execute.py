@@ -146,7 +146,7 @@ def mismatch(case: Case, inputs: list[np.ndarray], expected: list[np.ndarray], a
             if where:
                 row["from"] = where
             first.append(row)
-    return {**wrong_summary([c for _, c in wrong]), "exact": all(c.exact for _, c in wrong), "first": first}
+    return {**wrong_summary(comps), "exact": all(c.exact for _, c in wrong), "first": first}
 
 
 @dataclass

@@ -316,7 +316,7 @@ def evaluate(g: Resolved, ref: GradReference, target: Target, capture: dict[str,
         if wrong:
             exp = expected_grads(ref)
             measured["mismatch"] = {
-                **wrong_summary([c for _, c in wrong]),
+                **wrong_summary(comps),
                 "exact": False,
                 "first": [{"input": k, "name": ref.primals[k], "at": list(p), "expected": str(exp[k][p]),
                            "actual": str(out[k][p]), "bound": float(ref.error[ref.primals[k]][p])}

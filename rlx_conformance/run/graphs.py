@@ -325,7 +325,7 @@ def evaluate(g: Resolved, ref: Reference, target: Target, capture: dict[str, Any
         if wrong:
             exp = expected_outputs(g, ref)
             measured["mismatch"] = {
-                **wrong_summary([c for _, c in wrong]),
+                **wrong_summary(comps),
                 "exact": all(c.exact for _, c in wrong),
                 "first": [{"output": k, "at": list(p), "expected": str(exp[k][p]), "actual": str(out[k][p]),
                            "bound": float(np.asarray(ref.error[g.outputs[k]])[p])
