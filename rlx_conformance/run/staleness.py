@@ -115,9 +115,11 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
     scopes = _Scopes()
 
     def could_hold(c: Case) -> bool:
-        """Whether the run could have held case ``c`` (its target, dtype, derivative kind, shape
-        family and layout) and recorded it under its first entry."""
-        return (c.target in targets and c.dtype in dtypes and c.grad in kinds[is_graph(c.op)][0]
+        """Whether the run held case ``c`` (a whole run's records are its selection) and could
+        have recorded it under its first entry. A case of the run's targets, dtypes, derivative
+        kinds, shape families and layouts that it did not select (1 in K input sets, --sample-grad
+        K as `tox -e mlx` runs; --sample; a shard; a pytest -k) says nothing of the entry."""
+        return (c.id in ids and c.target in targets and c.dtype in dtypes and c.grad in kinds[is_graph(c.op)][0]
                 and c.family in families and getattr(c, "layout", "") in kinds[is_graph(c.op)][1])
 
     out = []
