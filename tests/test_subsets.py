@@ -67,7 +67,7 @@ def test_a_part_the_subset_held_but_no_record_matched_still_warns(kind):
     sets as `tox -e mlx` runs, a shard, a pytest -k), the same cases say nothing: silent."""
     sel = SUBSETS[kind]
     records = _passing(_cases(sel))
-    # a part whose op keeps other records (so the run covered the op) once its cases are dropped
+    # a part whose op keeps other records (so the run covered the op) apart from the part's own
     hits = [(kd.part_of(r), r.op) for r in records if r.divergence]
     d, part = next(h for h, op in hits if any(x.op == op and kd.part_of(x) != h for x in records))
     unnamed = [r for r in records if kd.part_of(r) == (d, part)]
