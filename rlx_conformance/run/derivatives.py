@@ -183,8 +183,7 @@ def run(case: Case, capture: dict[str, Any] | None = None) -> CaseResult:
     if unbounded:
         measured["unasserted"] = {"unbounded": unbounded}
     if not ok:
-        wrong = [c for c in comps if not c.ok and c.positions]
-        if wrong:
+        if any(not c.ok and c.positions for c in comps):
             measured["mismatch"] = {**wrong_summary(comps), "exact": False,
                                     "first": _first(case, ref, out, comps)}
     msg = "; ".join(c.message for c in comps if c.message)

@@ -91,36 +91,20 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
                    ) -> list[tuple[kd.Divergence, kd.Part]]:
     """The entry parts among ``parts`` (none of the run's records matched them) worth a warning:
     a part that scopes no case of the whole matrix, on any target of the run's backends (a typo,
-    or cases since removed), and a part that is the first entry of cases the run could have held
-    (its targets, ops, dtypes and derivative kinds). Silent about a part only other targets,
-    dtypes or derivative kinds hold (a CPU-only item of an entry in a GPU run, a float64 item in a
-    --dtypes float32 run, a vjp entry in a --grad none run) or that an earlier entry shadows on
-    this run's targets."""
+    or cases since removed), and a part that is the first entry of cases the run held (a whole
+    run's records are its selection) but no record names. Silent about a part whose cases the run
+    did not select (a CPU-only item of an entry in a GPU run, a float64 item in a --dtypes float32
+    run, a vjp entry in a --grad none run, the input sets --sample-grad K or a shard or a pytest -k
+    left out) or that an earlier entry shadows on this run's targets."""
     if not parts:
         return []
     targets, base = _run_targets(results)
     every = [Target(b, d, m) for b in sorted({t.backend for t in base})
              for d in get_backend(b).all_devices() for m in get_backend(b).modes]
     dtypes = {r.dtype for r in results}
-    # the derivative kinds ("" the forward) and memory layouts ("" contiguous) the run held, of
-    # the graph cases and of the ops' cases apart: a graph's contiguous forward cases do not make
-    # the ops' contiguous cases seem held in a layout-only run (--no-contiguous with graphs)
-    kinds = {g: ({r.grad for r in results if is_graph(r.op) == g},
-                 {getattr(r, "layout", "") for r in results if is_graph(r.op) == g}) for g in (False, True)}
     ids = {r.id for r in results}
     run_ops = {r.op for r in results}
-    # the shape families the run held: a run of --skip-shapes huge holds no case of them, and a
-    # part whose cases are all of them is another run's to match
-    families = {r.family for r in results}
     scopes = _Scopes()
-
-    def could_hold(c: Case) -> bool:
-        """Whether the run held case ``c`` (a whole run's records are its selection) and could
-        have recorded it under its first entry. A case of the run's targets, dtypes, derivative
-        kinds, shape families and layouts that it did not select (1 in K input sets, --sample-grad
-        K as `tox -e mlx` runs; --sample; a shard; a pytest -k) says nothing of the entry."""
-        return (c.id in ids and c.target in targets and c.dtype in dtypes and c.grad in kinds[is_graph(c.op)][0]
-                and c.family in families and getattr(c, "layout", "") in kinds[is_graph(c.op)][1])
 
     out = []
     for d, p in parts:
@@ -133,9 +117,10 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
         # its targets and dtypes (--layouts all; default holds a few) could have held the part
         every_layout = layouts == "none" or {
             c.id for c in scopes.cases(ops, layouts, here) if c.layout and c.target in targets and c.dtype in dtypes} <= ids
-        # a case the run could hold that the part would have been recorded under (a record
-        # carries the first entry scoping it)
-        if every_layout and any(could_hold(c) and kd.known_divergence(c) is d for c in held):
+        # a case the run held that the part would have been recorded under (a record carries the
+        # first entry scoping it); a case of the run's targets, dtypes, derivative kinds, families
+        # and layouts that it did not select says nothing of the entry
+        if every_layout and any(c.id in ids and kd.known_divergence(c) is d for c in held):
             out.append((d, p))
         elif not held and not any(d.matches(c) and d.part(c.op, c.dtype, c.id) == p
                                   for c in scopes.cases(ops, layouts, [t for t in on if t not in base])):
