@@ -197,18 +197,21 @@ def main() -> None:
         starts = [first] + [t for t, _ in ends[:-1]]
         fam: dict[str, Counter] = defaultdict(Counter)
         kinds: dict[str, Counter] = defaultdict(Counter)
+        per_case: dict[str, list[str]] = {}
         k = 0
         calls.sort()
         for case, a, (b, _) in zip(order, starts, ends):
             n, s = 0, 0.0
             while k < len(calls) and calls[k][0] <= b:
+                per_case.setdefault(case.id, []).append(calls[k][2])
                 n, s, k = n + 1, s + calls[k][1] - calls[k][0], k + 1
             for table, key in ((fam, family_of(case)), (kinds, kind_of(case))):
                 table[key].update(cases=1, compiles=n, compile_s=s, case_s=b - a,
                                   cases_that_compiled=1 if n else 0)
         doc["per_family"] = {f: _row(c) for f, c in sorted(fam.items(), key=lambda kv: -kv[1]["compile_s"])}
         doc["per_kind"] = {f: _row(c) for f, c in sorted(kinds.items(), key=lambda kv: -kv[1]["compile_s"])}
-    print(json.dumps(doc, indent=1))
+        doc["per_case"] = per_case  # the kernels each case compiled (its id: their names)
+    print(json.dumps({k: v for k, v in doc.items() if k != "per_case"}, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -8,6 +8,8 @@ The records are made from matrix.Case and CaseResult (results_fixtures.write), s
 shows up here; the plugin tests collect in a fresh pytest process, as a user's session would."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -19,6 +21,7 @@ import pytest
 from results_fixtures import result, write
 from test_report_html import Dom, external_refs
 
+from rlx_conformance.cli import main as cli
 from rlx_conformance.core.results import CaseResult
 from rlx_conformance.generate import matrix
 from rlx_conformance.report import html as report_html
@@ -264,10 +267,13 @@ def collect(where: Path, *args: str) -> list[str]:
 
 
 def listed(*args: str) -> list[str]:
-    p = subprocess.run([sys.executable, "-m", "rlx_conformance", "list", "--device", "cpu", "--mode", "eager",
-                        "--dtypes", "float32", "--grad", "none", *args], capture_output=True, text=True,
-                       timeout=300, check=True)
-    return sorted(p.stdout.split())
+    """The case ids ``rlx-conformance list`` prints (in-process: the plugin's side is the one that
+    needs a fresh pytest)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["list", "--device", "cpu", "--mode", "eager", "--dtypes", "float32", "--grad", "none",
+                         *args]) == 0
+    return sorted(out.getvalue().split())
 
 
 @pytest.fixture(scope="module")
