@@ -59,8 +59,10 @@ REAL = '"{real}" "$@"'
 # without a word: the probe goes to the real compiler) a library with the kernel's symbol and an empty body, compiled without MLX's
 # preamble (~50 ms instead of ~1 s): the number and names of the kernels a selection generates,
 # exactly, in a fraction of the time; the cases' MLX outputs are then garbage (not judged).
-STUB = ('if [ "$1" = "--version" ]; then "{real}" "$@"; else '  # MLX probes the compiler first
-        'src=""; for a in "$@"; do case "$a" in *.cpp) src="$a";; esac; done; '
+STUB = ('src=""; for a in "$@"; do case "$a" in *.cpp) src="$a";; esac; done; '
+        # MLX probes the compiler first (`g++ --version`); the precompiled preamble is built
+        # from a header, not a .cpp: both go to the real compiler
+        'if [ -z "$src" ]; then "{real}" "$@"; else '
         'name=$(grep -o "^void [A-Za-z0-9_]*" "$src" | head -1 | cut -c6-); '
         'printf "extern \\"C\\" void %s(int*, long**, void**) {}\\n" "$name" > "$src.stub.cpp"; '
         'o=""; p=""; for a in "$@"; do [ "$p" = "-o" ] && o="$a"; p="$a"; done; '
