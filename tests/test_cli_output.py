@@ -83,6 +83,27 @@ def test_summary_keeps_ids_commands_and_tokens_whole(tmp_path, capsys, monkeypat
     assert "/" not in table.replace("│", "").replace("┃", "")
 
 
+def test_a_green_run_puts_its_excused_cases_on_one_line(tmp_path, capsys):
+    """No by-op table when nothing fails the run: the xfail cases are one line, by category;
+    an op with a failure keeps its row, its xfail count beside it."""
+    xf = [result(op, "float32", "xfail", n=n, divergence={"entry": e, "category": c})
+          for op, n, e, c in (("exp", 1, "a", "precision"), ("exp", 2, "a", "precision"),
+                              ("tanh", 3, "b", "backend-bug"), ("sin", 4, "c", "precision"))]
+    green = Run(results=xf + [result("exp", "float32", "pass", n=9)], meta={"wall_s": 1.0}, path=None)
+    options.print_summary(green, show=25)
+    text = capsys.readouterr().out
+    assert not _whole("by op", text) and not _whole("tanh", text), text
+    assert _whole("4 xfail: excused by 3 known divergence(s) (precision 3, backend-bug 1)", text), text
+    red = Run(results=xf + [result("tanh", "float32", "fail", n=8)], meta={"wall_s": 1.0}, path=None)
+    options.print_summary(red, show=25)
+    text = capsys.readouterr().out
+    lines = _lines(text)
+    start = next(k for k, ln in enumerate(lines) if ln.strip() == "by op")
+    table = "\n".join(lines[start:next(k for k, ln in enumerate(lines) if " cases in " in ln)])
+    assert "tanh" in table and "exp" not in table and "sin" not in table, table
+    assert options.summary_doc(red)["by_op"]["exp"] == {"xfail": 2}  # the JSON keeps every op
+
+
 def test_run_summary_as_json(tmp_path):
     run = _bad_run(tmp_path)
     doc = options.summary_doc(run)
