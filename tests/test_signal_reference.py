@@ -165,3 +165,16 @@ def test_softmax_cross_entropy_by_fsum_and_bound_admits_float32():
     lse32 = m32 + np.log(np.exp(logits - m32).sum(-1, keepdims=True, dtype=np.float32))
     single = (t * (lse32 - logits)).sum(-1, dtype=np.float32)
     assert np.all(np.abs(single.astype(np.float64) - loss) <= xent_bound([logits, t], {}, "float32"))
+
+
+@pytest.mark.parametrize("n", [1, 2, 60, 1031, 4096])
+def test_fft_magnitude_tables_are_the_direct_evaluation_bit_for_bit(n):
+    """fft's magnitude gathers |cos| and |sin| of 2 pi (jk mod n) / n from n values: each entry
+    is the very float64 the direct evaluation over all n^2 angles gives."""
+    from rlx_conformance.backends.cpu import signal as cpu_signal
+
+    jk = np.outer(np.arange(n), np.arange(n)) % n
+    c, s = cpu_signal._abs_cos_sin(n)
+    assert c.dtype == s.dtype == np.float64 and c.shape == s.shape == (n, n)
+    assert np.array_equal(c.view(np.uint64), np.abs(np.cos(2 * np.pi * jk / n)).view(np.uint64))
+    assert np.array_equal(s.view(np.uint64), np.abs(np.sin(2 * np.pi * jk / n)).view(np.uint64))

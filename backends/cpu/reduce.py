@@ -17,6 +17,8 @@ from rlx_conformance.backends.cpu._grad import (
     SAVED_TERMS,
     exclusive_products,
     multilinear,
+    product_scan_suffix,
+    product_scan_tangent,
     selection,
     selection_radius,
     softmax_centered,
@@ -258,10 +260,7 @@ def reduce_prod_jvp(inputs, attrs, tans):
     (x,) = inputs
     rows, _ = _rows(x, attrs["axes"])
     trows, _ = _rows(tans[0], attrs["axes"])
-    p = np.ones(rows.shape[:-1])
-    dp = np.zeros(rows.shape[:-1])
-    for i in range(rows.shape[-1]):
-        p, dp = p * rows[..., i], dp * rows[..., i] + p * trows[..., i]
+    dp = product_scan_tangent(rows, trows)[..., -1] if rows.shape[-1] else np.zeros(rows.shape[:-1])
     if attrs["keep_dim"]:
         dp = np.reshape(dp, [1 if a in _reduced(x, attrs["axes"]) else x.shape[a] for a in range(x.ndim)])
     return [dp]
@@ -390,11 +389,7 @@ def cum_prod_vjp(inputs, attrs, cots):
     n = x.shape[-1]
     if attrs["exclusive"]:  # y_j = inclusive_{j-1}: the cotangent of inclusive_i is u_{i+1}
         u = np.concatenate([u[..., 1:], np.zeros(u.shape[:-1] + (1,))], -1)
-    g = np.zeros(x.shape)
-    r = np.zeros(x.shape[:-1])
-    for i in range(n - 1, -1, -1):
-        r = u[..., i] + (x[..., i + 1] * r if i + 1 < n else 0.0)
-        g[..., i] = r
+    g = product_scan_suffix(x, u)
     prefix = _shift(np.cumprod(x, -1), 1.0) if n else x
     # g = 0 (an element no output depends on: the last one of an exclusive scan) has derivative
     # 0 exactly, also where its prefix product overflowed float64 (0 * inf would be NaN)
@@ -405,12 +400,7 @@ def cum_prod_vjp(inputs, attrs, cots):
 def cum_prod_jvp(inputs, attrs, tans):
     """Forward mode along the scan: (p, dp) <- (p x_i, dp x_i + p t_i)."""
     x, t = _along(inputs[0], attrs), _along(tans[0], attrs)
-    out = np.zeros(x.shape)
-    p = np.ones(x.shape[:-1])
-    dp = np.zeros(x.shape[:-1])
-    for i in range(x.shape[-1]):
-        p, dp = p * x[..., i], dp * x[..., i] + p * t[..., i]
-        out[..., i] = dp
+    out = product_scan_tangent(x, t)
     if attrs["exclusive"]:
         out = _shift(out, 0.0)
     return [_back(out, attrs)]

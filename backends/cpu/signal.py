@@ -125,6 +125,18 @@ def _fft_scale(n: int, attrs) -> float:
     return table[attrs["norm"]]
 
 
+def _abs_cos_sin(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """|cos| and |sin| of 2 pi jk / n for j, k < n. The angle depends on jk mod n alone (exact
+    angles: no large products in the sine), so the n values of each are computed once and
+    gathered: the same bits as evaluating all n^2 (tests/test_signal_reference.py), 2-3x faster at
+    n = 4096, where every case built two 16.8M-element matrices of cosines and sines."""
+    m = np.arange(n)
+    c, s = np.abs(np.cos(2 * np.pi * m / n)), np.abs(np.sin(2 * np.pi * m / n))
+    j = np.arange(n, dtype=np.uint64)
+    jk = np.multiply.outer(j, j) % np.uint64(max(n, 1))
+    return c[jk], s[jk]
+
+
 @BACKEND.magnitude("fft")
 def fft_magnitude(inputs, attrs, kind, seeds):
     """|J| |w| exactly: as a real map of (re, im) pairs the entries are s |cos| and s |sin| of
@@ -134,8 +146,7 @@ def fft_magnitude(inputs, attrs, kind, seeds):
     n = x.shape[-2]
     if not x.size:
         return [np.zeros(x.shape)], 1
-    jk = np.outer(np.arange(n), np.arange(n)) % n  # exact angles: no large products in the sine
-    c, s = np.abs(np.cos(2 * np.pi * jk / n)), np.abs(np.sin(2 * np.pi * jk / n))
+    c, s = _abs_cos_sin(n)
     w = np.abs(seeds[0])
     re = w[..., 0] @ c + w[..., 1] @ s
     im = w[..., 0] @ s + w[..., 1] @ c

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
+from types import SimpleNamespace
 
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core.results import CaseResult
@@ -105,6 +106,13 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
     ids = {r.id for r in results}
     run_ops = {r.op for r in results}
     scopes = _Scopes()
+    # the run's cases as the scoping sees them, by op: what it held is its records (a whole run's
+    # records are its selection), so no case generation asks about them
+    held_by_op: dict[str, list[SimpleNamespace]] = {}
+    for r in results:
+        held_by_op.setdefault(r.op, []).append(SimpleNamespace(
+            op=r.op, dtype=r.dtype, id=r.id, target=Target(r.backend, r.device, r.mode, r.variant),
+            grad=r.grad, layout=getattr(r, "layout", "")))
 
     out = []
     for d, p in parts:
@@ -112,18 +120,26 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
         layouts = _layouts(d)
         on = [t for t in every if d.device in (None, t.device) and d.mode in (None, t.mode)]
         here = [t for t in on if t in base]  # the run's targets first: only they can warn
-        held = [c for c in scopes.cases(ops, layouts, here) if d.matches(c) and d.part(c.op, c.dtype, c.id) == p]
+
+        def part_of(c, d=d, p=p) -> bool:
+            return d.matches(c) and d.part(c.op, c.dtype, c.id) == p
+
+        # the run's cases of the part's scope on those targets (the layout cases only where the
+        # part is judged over them: _layouts)
+        held = [c for o in ops for c in held_by_op[o]
+                if Target(c.target.backend, c.target.device, c.target.mode) in here
+                and (layouts == "all" or not c.layout) and part_of(c)]
         # an entry of layout cases alone: only a run that held every layout case of its ops on
         # its targets and dtypes (--layouts all; default holds a few) could have held the part
-        every_layout = layouts == "none" or {
-            c.id for c in scopes.cases(ops, layouts, here) if c.layout and c.target in targets and c.dtype in dtypes} <= ids
         # a case the run held that the part would have been recorded under (a record carries the
         # first entry scoping it); a case of the run's targets, dtypes, derivative kinds, families
         # and layouts that it did not select says nothing of the entry
-        if every_layout and any(c.id in ids and kd.known_divergence(c) is d for c in held):
+        if any(kd.known_divergence(c) is d for c in held) and (layouts == "none" or {
+                c.id for c in scopes.cases(ops, layouts, here)
+                if c.layout and c.target in targets and c.dtype in dtypes} <= ids):
             out.append((d, p))
-        elif not held and not any(d.matches(c) and d.part(c.op, c.dtype, c.id) == p
-                                  for c in scopes.cases(ops, layouts, [t for t in on if t not in base])):
+        elif not held and not any(part_of(c) for c in scopes.cases(ops, layouts, here)) \
+                and not any(part_of(c) for c in scopes.cases(ops, layouts, [t for t in on if t not in base])):
             out.append((d, p))  # no case of the whole matrix, on any target of the run's backends
     return out
 
