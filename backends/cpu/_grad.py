@@ -94,8 +94,8 @@ SHORT_BATCH = 32
 
 
 def _by_rows(*arrays: np.ndarray) -> list[np.ndarray] | None:
-    """The arrays as [rows, n] float64 (one row a scan), where there are few enough rows for the
-    per-row path; None otherwise (or for an empty scan axis)."""
+    """The arrays as [rows, n] (one row a scan), where there are few enough rows for the per-row
+    path; None otherwise (or for an empty scan axis)."""
     n = arrays[0].shape[-1]
     batch = arrays[0].size // n if n else 0
     if not n or batch > SHORT_BATCH:

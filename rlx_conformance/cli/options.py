@@ -313,7 +313,7 @@ def _origins(run) -> list[tuple[str, str, str]]:
     return sorted({(r.op, r.backend, r.origin) for r in run.results if r.origin != "builtin"})
 
 
-def excused_line(results) -> str:
+def excused_line(results: Sequence[res.CaseResult]) -> str:
     """How many cases known divergences excused, by how many entries, per category (largest
     first); empty when none did."""
     xf = [r for r in results if r.outcome == "xfail"]

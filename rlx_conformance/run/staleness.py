@@ -129,11 +129,11 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
         held = [c for o in ops for c in held_by_op[o]
                 if Target(c.target.backend, c.target.device, c.target.mode) in here
                 and (layouts == "all" or not c.layout) and part_of(c)]
-        # an entry of layout cases alone: only a run that held every layout case of its ops on
-        # its targets and dtypes (--layouts all; default holds a few) could have held the part
-        # a case the run held that the part would have been recorded under (a record carries the
-        # first entry scoping it); a case of the run's targets, dtypes, derivative kinds, families
-        # and layouts that it did not select says nothing of the entry
+        # warn of a case the run held that the part would have been recorded under (a record
+        # carries the first entry scoping it); a case of the run's targets, dtypes, derivative
+        # kinds, families and layouts that it did not select says nothing of the entry. An entry
+        # of layout cases alone: only a run that held every layout case of its ops on its targets
+        # and dtypes (--layouts all; default holds a few) could have held the part
         if any(kd.known_divergence(c) is d for c in held) and (layouts == "none" or {
                 c.id for c in scopes.cases(ops, layouts, here)
                 if c.layout and c.target in targets and c.dtype in dtypes} <= ids):
