@@ -52,14 +52,17 @@ def _layouts(d: kd.Divergence) -> str:
     return "none" if fnmatchcase("", d.layout) else "all"
 
 
-def _scope(targets: Sequence[Target], ops: Sequence[str], layouts: str = "none") -> list[Case]:
-    """Every case of ``ops`` on ``targets``: the matrix's (in ``layouts`` too), and the graph
-    cases' (op ``graph:NAME``, generate/graphs.py) for graph names."""
+def _scope(targets: Sequence[Target], ops: Sequence[str], layouts: str = "none",
+           dtypes: Sequence[str] | None = None) -> list[Case]:
+    """Every case of ``ops`` on ``targets`` (of ``dtypes``, all when None): the matrix's (in
+    ``layouts`` too), and the graph cases' (op ``graph:NAME``, generate/graphs.py) for graph
+    names."""
     graph_ops = [o for o in ops if is_graph(o)]
     rest = [o for o in ops if not is_graph(o)]
-    cases = generate(targets, ops=rest, supports=_declared, grads=_EVERY_GRAD,
+    cases = generate(targets, ops=rest, dtypes=dtypes, supports=_declared, grads=_EVERY_GRAD,
                      layouts=layouts) if rest or not ops else []
-    return cases + (generate_graphs(targets, graph_ops, supports=_declared, grads=_EVERY_GRAD) if graph_ops else [])
+    graph_cases = generate_graphs(targets, graph_ops, supports=_declared, grads=_EVERY_GRAD) if graph_ops else []
+    return cases + [c for c in graph_cases if dtypes is None or c.dtype in dtypes]
 
 
 class _Scopes:
@@ -69,14 +72,18 @@ class _Scopes:
     32,000-case run's end."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[str, str, Target], list[Case]] = {}
+        self._memo: dict[tuple[str, str, Target, tuple[str, ...] | None], list[Case]] = {}
 
-    def cases(self, ops: Iterable[str], layouts: str, targets: Iterable[Target]) -> Iterable[Case]:
+    def cases(self, ops: Iterable[str], layouts: str, targets: Iterable[Target],
+              dtypes: Sequence[str] | None = None) -> Iterable[Case]:
+        """``dtypes``: only those (an entry's dtype list: no case of another dtype can match it,
+        and generating one dtype of an op costs a fraction of all of them)."""
+        key_dtypes = tuple(dtypes) if dtypes is not None else None
         for t in targets:
             for op in ops:
-                key = (op, layouts, t)
+                key = (op, layouts, t, key_dtypes)
                 if key not in self._memo:
-                    self._memo[key] = list(_every_variant(_scope([t], [op], layouts)))
+                    self._memo[key] = list(_every_variant(_scope([t], [op], layouts, dtypes)))
                 yield from self._memo[key]
 
 
@@ -138,8 +145,8 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
                 c.id for c in scopes.cases(ops, layouts, here)
                 if c.layout and c.target in targets and c.dtype in dtypes} <= ids):
             out.append((d, p))
-        elif not held and not any(part_of(c) for c in scopes.cases(ops, layouts, here)) \
-                and not any(part_of(c) for c in scopes.cases(ops, layouts, [t for t in on if t not in base])):
+        elif not held and not any(part_of(c) for c in scopes.cases(ops, layouts, here, d.dtype)) \
+                and not any(part_of(c) for c in scopes.cases(ops, layouts, [t for t in on if t not in base], d.dtype)):
             out.append((d, p))  # no case of the whole matrix, on any target of the run's backends
     return out
 
@@ -155,7 +162,7 @@ def fully_covered(units: list[Unit], results: Sequence[CaseResult]) -> list[Unit
     for u in units:
         d, p, op, device, mode = u
         here = [t for t in base if (t.device, t.mode) == (device, mode)]
-        scope = [c.id for c in scopes.cases([op], _layouts(d), here)
+        scope = [c.id for c in scopes.cases([op], _layouts(d), here, d.dtype)
                  if c.target in targets and kd.known_divergence(c) is d and d.part(c.op, c.dtype, c.id) == p]
         if all(c in ids for c in scope):
             out.append(u)
