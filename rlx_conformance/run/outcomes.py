@@ -7,10 +7,8 @@ record the same way, whichever process or command made it.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from rlx_conformance.core.results import CaseResult
-from rlx_conformance.generate.matrix import Case, Target
+from rlx_conformance.generate.matrix import Case
 from rlx_conformance.judge.divergences import (
     known_divergence,
     part_of,
@@ -18,7 +16,7 @@ from rlx_conformance.judge.divergences import (
     stale_entries,
     unexcused,
 )
-from rlx_conformance.run.staleness import fully_covered, unmatched_news
+from rlx_conformance.run.staleness import fully_covered, record_case, unmatched_news
 
 
 def apply_divergence(case: Case, r: CaseResult) -> CaseResult:
@@ -63,9 +61,7 @@ def rejudge(r: CaseResult) -> CaseResult:
         elif r.divergence.get("excused") is False:
             r.message = r.message.rsplit(" [outside known divergence ", 1)[0]
         r.divergence = None
-    target = Target(r.backend, r.device, r.mode, r.variant)
-    return apply_divergence(SimpleNamespace(op=r.op, dtype=r.dtype, id=r.id, target=target, grad=r.grad,
-                                            layout=getattr(r, "layout", "")), r)
+    return apply_divergence(record_case(r), r)
 
 
 def finalize(results: list[CaseResult]) -> list[str]:

@@ -87,6 +87,13 @@ class _Scopes:
                 yield from self._memo[key]
 
 
+def record_case(r: CaseResult) -> SimpleNamespace:
+    """A record as the case the known-divergence scoping asks about (kd.CaseLike): its op, dtype,
+    id, target with its variant, derivative kind and layout."""
+    return SimpleNamespace(op=r.op, dtype=r.dtype, id=r.id, target=Target(r.backend, r.device, r.mode, r.variant),
+                           grad=r.grad, layout=getattr(r, "layout", ""))
+
+
 def _run_targets(results: Sequence[CaseResult]) -> tuple[set[Target], list[Target]]:
     """The run's targets (with variants) and their base targets (backend variants such as
     tf32:on/off are not targets of their own: generate on the base targets, expand every variant,
@@ -117,9 +124,7 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
     # records are its selection), so no case generation asks about them
     held_by_op: dict[str, list[SimpleNamespace]] = {}
     for r in results:
-        held_by_op.setdefault(r.op, []).append(SimpleNamespace(
-            op=r.op, dtype=r.dtype, id=r.id, target=Target(r.backend, r.device, r.mode, r.variant),
-            grad=r.grad, layout=getattr(r, "layout", "")))
+        held_by_op.setdefault(r.op, []).append(record_case(r))
 
     out = []
     for d, p in parts:
