@@ -9,6 +9,7 @@ input's gradient. run/graphs.py hands every graph case with ``grad`` set here.""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,36 +92,101 @@ def _elementwise(node: RNode, xs: list[np.ndarray]) -> bool:
     return get_op(node.op).family == "activation" and len(xs) == 1
 
 
+def _broadcast_axes(shape: tuple[int, ...], out: tuple[int, ...]) -> set[int]:
+    """The axes of the broadcast shape ``out`` along which an input of ``shape`` repeats."""
+    full = (1,) * (len(out) - len(shape)) + tuple(shape)
+    return {a for a, (s, o) in enumerate(zip(full, out)) if s == 1 and o != 1}
+
+
+def _moves_whole(node: RNode, xs: list[np.ndarray], j: int, g0: list[np.ndarray | None]) -> bool:
+    """Whether moving every element of input ``j`` at once gives each gradient element the
+    change that moving its one element of ``j`` alone gives. True for an op computed position by
+    position (activations, broadcasting binary ops) when every gradient's element depends on at
+    most one element of ``j``: each input with a gradient repeats along only axes that ``j``
+    repeats along too (a gradient summed over broadcast rows depends on one element of ``j`` in
+    each row otherwise). The secants then come from two VJPs instead of two per element."""
+    if get_op(node.op).family not in ("activation", "binary"):
+        return False
+    out = np.broadcast_shapes(*(np.shape(x) for x in xs))
+    along_j = _broadcast_axes(np.shape(xs[j]), out)
+    return all(_broadcast_axes(np.shape(x), out) <= along_j for x, g in zip(xs, g0) if g is not None)
+
+
+def _secants_by_position(vjp_at: Callable[[list[np.ndarray]], list[np.ndarray | None]],
+                         xs: list[np.ndarray], j: int, e: np.ndarray, g0: list[np.ndarray | None]
+                         ) -> list[np.ndarray | None]:
+    """_curvature's sum over input ``j``'s elements for a broadcasting binary op where
+    _moves_whole does not hold (a gradient summed over rows along which ``j`` varies). The VJP is
+    taken at inputs expanded to the broadcast shape, where it is position by position; moving
+    every element of ``j`` at once then moves each position by its own element's secant. For
+    gradient ``k`` and each of its elements q, the positions summed into q that share one element
+    of ``j`` (they differ along axes both repeat along) are summed per sign; the larger magnitude
+    of the two signs is then summed over ``j``'s elements (the axes only ``k`` repeats along). The
+    same sums as moving one element at a time, less the rounding of each whole-row sum taken
+    twice and subtracted (which can hide a secant far below the row's ulp)."""
+    out_shape = np.broadcast_shapes(*(np.shape(x) for x in xs))
+    full = [np.broadcast_to(x, out_shape).copy() for x in xs]
+    ej = np.broadcast_to(e, out_shape)
+    base = vjp_at(full)
+    deltas = []
+    for sign in (1.0, -1.0):
+        g = vjp_at([np.where(ej > 0, y + sign * ej, y) if k == j else y for k, y in enumerate(full)])
+        deltas.append([None if a is None or b is None else a - b for a, b in zip(g, base)])
+    along_j = _broadcast_axes(np.shape(xs[j]), out_shape)
+    best: list[np.ndarray | None] = []
+    for k, g in enumerate(g0):
+        if g is None:
+            best.append(None)
+            continue
+        along_k = _broadcast_axes(np.shape(xs[k]), out_shape)
+        shared = tuple(sorted(along_k & along_j))
+        with np.errstate(invalid="ignore"):
+            s = np.maximum(*(np.abs(np.sum(d[k], axis=shared, keepdims=True)) for d in deltas))
+            s = np.sum(s, axis=tuple(sorted(along_k - along_j)), keepdims=True)
+        best.append(np.reshape(s, g.shape))
+    return best
+
+
 def _curvature(node: RNode, xs: list[np.ndarray], errs: list[np.ndarray | None], cots: list[np.ndarray | None],
-               g0: list[np.ndarray | None]) -> list[np.ndarray | None]:
+               g0: list[np.ndarray | None], whole: bool = True) -> list[np.ndarray | None]:
     """Per input, sum over the input elements j with forward error e_j > 0 of the larger change
     of the reference VJP (cotangents ``cots``) when x_j alone moves by +-e_j (judge/bounds/
-    graph_grad.py: the curvature term); UnsupportedError beyond SECANT_MAX elements."""
+    graph_grad.py: the curvature term); UnsupportedError beyond SECANT_MAX elements moved one at a
+    time. ``whole``: move all of an input's elements at once where that gives the same sums
+    (_moves_whole; False: one at a time everywhere, what tests compare it with)."""
     cpu = get_backend("cpu")
     out = [None if g is None else np.zeros(g.shape) for g in g0]
 
     def vjp_at(moved: list[np.ndarray]) -> list[np.ndarray | None]:
         return cpu.run_vjp(node.op, moved, node.attrs, cots)
 
+    def secant(moved_j: Callable[[float], np.ndarray], j: int) -> list[np.ndarray | None]:
+        best: list[np.ndarray | None] = [None if g is None else np.zeros(g.shape) for g in g0]
+        for sign in (1.0, -1.0):
+            g = vjp_at([moved_j(sign) if k == j else y for k, y in enumerate(xs)])
+            best = [None if b is None else np.maximum(b, np.abs(a - c)) for b, a, c in zip(best, g, g0)]
+        return best
+
     for j, (x, e) in enumerate(zip(xs, errs)):
         if e is None or not np.any(e > 0):
             continue
         e = np.where(np.isfinite(e), e, 0.0)  # an unbounded input error makes the node unbounded below
-        if _elementwise(node, xs):
-            for sign in (1.0, -1.0):
-                g = vjp_at([x + sign * e])
-                out = [None if o is None else np.maximum(o, np.abs(a - b)) for o, a, b in zip(out, g, g0)]
-            continue
-        idx = np.flatnonzero(e > 0)
-        if idx.size > SECANT_MAX:
-            raise UnsupportedError(f"{idx.size} erroneous input elements > SECANT_MAX {SECANT_MAX}")
-        for i in idx:
-            best: list[np.ndarray | None] = [None if g is None else np.zeros(g.shape) for g in g0]
-            for sign in (1.0, -1.0):
-                moved = [y.copy() if k == j else y for k, y in enumerate(xs)]
-                moved[j].flat[i] += sign * e.flat[i]
-                g = vjp_at(moved)
-                best = [None if b is None else np.maximum(b, np.abs(a - c)) for b, a, c in zip(best, g, g0)]
+        if whole and _moves_whole(node, xs, j, g0):
+            # an element without error stays as it is (x + 0 would turn -0 into +0)
+            parts = [secant(lambda sign: np.where(e > 0, x + sign * e, x), j)]
+        elif whole and get_op(node.op).family == "binary":
+            parts = [_secants_by_position(vjp_at, xs, j, e, g0)]
+        else:
+            idx = np.flatnonzero(e > 0)
+            if idx.size > SECANT_MAX:
+                raise UnsupportedError(f"{idx.size} erroneous input elements > SECANT_MAX {SECANT_MAX}")
+
+            def one(sign: float, i: int) -> np.ndarray:
+                moved = x.copy()
+                moved.flat[i] += sign * e.flat[i]
+                return moved
+            parts = (secant(lambda sign, i=i: one(sign, i), j) for i in idx)
+        for best in parts:
             out = [None if o is None else o + b for o, b in zip(out, best)]
     with np.errstate(invalid="ignore"):
         return [None if o is None else np.where(np.isnan(o), np.inf, o) for o in out]
