@@ -98,15 +98,18 @@ def _broadcast_axes(shape: tuple[int, ...], out: tuple[int, ...]) -> set[int]:
     return {a for a, (s, o) in enumerate(zip(full, out)) if s == 1 and o != 1}
 
 
-def _moves_whole(node: RNode, xs: list[np.ndarray], j: int, g0: list[np.ndarray | None]) -> bool:
-    """Whether moving every element of input ``j`` at once gives each gradient element the
-    change that moving its one element of ``j`` alone gives. True for an op computed position by
-    position (activations, broadcasting binary ops) when every gradient's element depends on at
-    most one element of ``j``: each input with a gradient repeats along only axes that ``j``
-    repeats along too (a gradient summed over broadcast rows depends on one element of ``j`` in
-    each row otherwise). The secants then come from two VJPs instead of two per element."""
-    if get_op(node.op).family not in ("activation", "binary"):
-        return False
+# the families whose ops compute position by position (a gradient element depends on the inputs at
+# the positions summed into it alone): _curvature moves a whole input of theirs at once
+POSITIONAL = ("activation", "binary")
+
+
+def _moves_whole(xs: list[np.ndarray], j: int, g0: list[np.ndarray | None]) -> bool:
+    """For a POSITIONAL op: whether moving every element of input ``j`` at once gives each
+    gradient element the change that moving its one element of ``j`` alone gives, i.e. every
+    gradient's element depends on at most one element of ``j``: each input with a gradient
+    repeats along only axes that ``j`` repeats along too (a gradient summed over broadcast rows
+    depends on one element of ``j`` in each row otherwise). The secants then come from two VJPs
+    instead of two per element, with the same bits."""
     out = np.broadcast_shapes(*(np.shape(x) for x in xs))
     along_j = _broadcast_axes(np.shape(xs[j]), out)
     return all(_broadcast_axes(np.shape(x), out) <= along_j for x, g in zip(xs, g0) if g is not None)
@@ -115,8 +118,8 @@ def _moves_whole(node: RNode, xs: list[np.ndarray], j: int, g0: list[np.ndarray 
 def _secants_by_position(vjp_at: Callable[[list[np.ndarray]], list[np.ndarray | None]],
                          xs: list[np.ndarray], j: int, e: np.ndarray, g0: list[np.ndarray | None]
                          ) -> list[np.ndarray | None]:
-    """_curvature's sum over input ``j``'s elements for a broadcasting binary op where
-    _moves_whole does not hold (a gradient summed over rows along which ``j`` varies). The VJP is
+    """_curvature's sum over input ``j``'s elements for a POSITIONAL op where _moves_whole does
+    not hold (a gradient summed over rows along which ``j`` varies). The VJP is
     taken at inputs expanded to the broadcast shape, where it is position by position; moving
     every element of ``j`` at once then moves each position by its own element's secant. For
     gradient ``k`` and each of its elements q, the positions summed into q that share one element
@@ -152,9 +155,11 @@ def _curvature(node: RNode, xs: list[np.ndarray], errs: list[np.ndarray | None],
     """Per input, sum over the input elements j with forward error e_j > 0 of the larger change
     of the reference VJP (cotangents ``cots``) when x_j alone moves by +-e_j (judge/bounds/
     graph_grad.py: the curvature term); UnsupportedError beyond SECANT_MAX elements moved one at a
-    time. ``whole``: move all of an input's elements at once where that gives the same sums
-    (_moves_whole; False: one at a time everywhere, what tests compare it with)."""
+    time. ``whole``: move all of an input's elements at once for a POSITIONAL op (the same sums:
+    _moves_whole, _secants_by_position; False: one at a time everywhere, what tests compare it
+    with)."""
     cpu = get_backend("cpu")
+    positional = whole and get_op(node.op).family in POSITIONAL
     out = [None if g is None else np.zeros(g.shape) for g in g0]
 
     def vjp_at(moved: list[np.ndarray]) -> list[np.ndarray | None]:
@@ -171,10 +176,10 @@ def _curvature(node: RNode, xs: list[np.ndarray], errs: list[np.ndarray | None],
         if e is None or not np.any(e > 0):
             continue
         e = np.where(np.isfinite(e), e, 0.0)  # an unbounded input error makes the node unbounded below
-        if whole and _moves_whole(node, xs, j, g0):
+        if positional and _moves_whole(xs, j, g0):
             # an element without error stays as it is (x + 0 would turn -0 into +0)
             parts = [secant(lambda sign: np.where(e > 0, x + sign * e, x), j)]
-        elif whole and get_op(node.op).family == "binary":
+        elif positional:
             parts = [_secants_by_position(vjp_at, xs, j, e, g0)]
         else:
             idx = np.flatnonzero(e > 0)

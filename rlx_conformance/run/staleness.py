@@ -150,8 +150,7 @@ def unmatched_news(parts: list[tuple[kd.Divergence, kd.Part]], results: Sequence
                 c.id for c in scopes.cases(ops, layouts, here)
                 if c.layout and c.target in targets and c.dtype in dtypes} <= ids):
             out.append((d, p))
-        elif not held and not any(part_of(c) for c in scopes.cases(ops, layouts, here, d.dtype)) \
-                and not any(part_of(c) for c in scopes.cases(ops, layouts, [t for t in on if t not in base], d.dtype)):
+        elif not held and not any(part_of(c) for c in scopes.cases(ops, layouts, on, d.dtype)):
             out.append((d, p))  # no case of the whole matrix, on any target of the run's backends
     return out
 
