@@ -470,3 +470,23 @@ def test_tf32_variants_and_ids():
     assert find_case(f32[1].id).id == f32[1].id
     groups = dict((tuple(sorted(env.items())), len(g)) for env, g in _variant_groups(cases))
     assert set(groups) == {(), (("MLX_ENABLE_TF32", "1"),), (("MLX_ENABLE_TF32", "0"),)}
+
+
+def test_static_plans_are_made_once_per_shapes_dtypes_and_attributes(monkeypatch):
+    """A plan's static part is cached (the host path of a 10^6-element gather was half of its
+    call): the same shapes, dtypes and attributes share it, each call keeps its own inputs, and
+    anything the static part depends on (here a scatter's data shape, which is not among the
+    count kernel's inputs) separates the entries."""
+    monkeypatch.setattr(ck, "_plans", {})
+    d1, d2 = mx.zeros((4, 5)), mx.ones((4, 5))
+    i1, i2 = mx.zeros((3, 5), mx.int64), mx.ones((3, 5), mx.int64)
+    a, b = ck.plan_gather_elements(d1, i1, 0), ck.plan_gather_elements(d2, i2, 0)
+    assert a["call"] is b["call"] and a["inputs"] == [d1, i1] and b["inputs"] == [d2, i2]
+    assert ck.plan_gather_elements(d1, i1, 1)["params"] != a["params"]
+    assert ck.plan_gather_elements(d1.astype(mx.float16), i1, 0)["out_dtype"] == "float16"
+    c4 = ck.plan_scatter_count(mx.zeros((4, 5)), i1, 0, 15)
+    c6 = ck.plan_scatter_count(mx.zeros((6, 5)), i1, 0, 15)
+    assert c4["out_shape"] == (20,) and c6["out_shape"] == (30,)
+    monkeypatch.setattr(ck, "PLANS_CACHE", 1)
+    ck.plan_gather_nd(d1, mx.zeros((2, 1), mx.int64), 0)  # the cache is full: cleared, then kept
+    assert len(ck._plans) == 1

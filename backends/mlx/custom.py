@@ -24,6 +24,7 @@ GPU as on the compositions, which MLX differentiates itself.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -86,8 +87,7 @@ def scatter_elements(data, indices, updates, *, axis, reduction):
     if updates.size == 0 or data.size == 0:
         return mx.array(data)
     if _cuda.active():
-        return scatter_with_derivatives(lambda d, i, u: _cuda.scatter_elements(d, i, u, ax, reduction),
-                                        _elements_targets(ax), reduction)(data, indices, updates)
+        return _cuda_scatter_elements(ax, reduction)(data, indices, updates)
     return composed_scatter_elements(data, indices, updates, ax, reduction)
 
 
@@ -104,8 +104,7 @@ def gather_elements(data, indices, *, axis):
     if indices.size == 0:
         return mx.zeros(indices.shape, data.dtype)
     if _cuda.active():
-        return gather_with_derivatives(lambda d, i: _cuda.gather_elements(d, i, ax),
-                                       lambda d, i: _axis_coords(i, ax, d.shape[ax]))(data, indices)
+        return _cuda_gather_elements(ax)(data, indices)
     return composed_gather_elements(data, indices, ax)
 
 
@@ -140,10 +139,7 @@ def gather_nd(data, indices, *, batch_dims):
     if indices.size == 0 or math.prod(out_shape) == 0:
         return mx.zeros(out_shape, data.dtype)
     if _cuda.active():
-        nb = int(np.prod(data.shape[:b], dtype=np.int64))
-        return gather_with_derivatives(
-            lambda d, i: _cuda.gather_nd(d, i, b), lambda d, i: _nd_coords(d, i, b),
-            lambda d: (nb,) + tuple(d.shape[b:]))(data, indices)
+        return _cuda_gather_nd(b)(data, indices)
     return composed_gather_nd(data, indices, b)
 
 
@@ -171,8 +167,7 @@ def scatter_nd(data, indices, updates, *, reduction):
     if updates.size == 0 or data.size == 0:
         return mx.array(data)
     if _cuda.active():
-        return scatter_with_derivatives(lambda d, i, u: _cuda.scatter_nd(d, i, u, reduction),
-                                        _nd_targets, reduction)(data, indices, updates)
+        return _cuda_scatter_nd(reduction)(data, indices, updates)
     return composed_scatter_nd(data, indices, updates, reduction)
 
 
@@ -209,7 +204,7 @@ def mat_vec(values, col_idx, row_ptr, x):
     if col_idx.shape[0] == 0:
         return mx.zeros((n,), values.dtype)
     if _cuda.active() and n:
-        return spmv_with_derivatives(_cuda.spmv)(values, col_idx, row_ptr, x)
+        return _cuda_spmv()(values, col_idx, row_ptr, x)
     return composed_spmv(values, col_idx, row_ptr, x)
 
 
@@ -224,7 +219,7 @@ def values_grad(col_idx, row_ptr, u, v):
     if col_idx.shape[0] == 0:
         return mx.zeros((0,), u.dtype)
     if _cuda.active() and v.shape[0]:
-        return values_grad_with_derivatives(_cuda.values_grad)(col_idx, row_ptr, u, v)
+        return _cuda_values_grad()(col_idx, row_ptr, u, v)
     return composed_values_grad(col_idx, row_ptr, u, v)
 
 
@@ -258,7 +253,7 @@ def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     concrete = True  # eager and lazy: stop once converged; under mx.compile: all max_iter steps
     n = b.shape[0]
     if _cuda.active() and col_idx.shape[0]:
-        cuda_spmv = spmv_with_derivatives(_cuda.spmv)
+        cuda_spmv = _cuda_spmv()
 
         def product(p):
             return cuda_spmv(values, col_idx, row_ptr, p)
@@ -450,3 +445,42 @@ def values_grad_with_derivatives(forward):
         col_idx, row_ptr, u, v = primals
         return forward(col_idx, row_ptr, tans[2], v) + forward(col_idx, row_ptr, u, tans[3])
     return with_derivatives(forward, vjp, jvp)
+
+
+# -- the CUDA kernels' custom functions, made once per attribute set -----------------------------
+# At 10^6 elements a gather's GPU work is ~10 us: the host's path to the launch is the call. A
+# new mx.custom_function each call (closures, VJP and JVP registered) cost ~4 us of it on the
+# project's 2-core machine; one made per axis / reduction is reused across shapes and dtypes.
+# Each looks the kernel up in cuda_kernels at call time (tests swap it for the composed one).
+@functools.lru_cache(maxsize=None)
+def _cuda_gather_elements(ax: int):
+    return gather_with_derivatives(lambda d, i: _cuda.gather_elements(d, i, ax),
+                                   lambda d, i: _axis_coords(i, ax, d.shape[ax]))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_gather_nd(b: int):
+    return gather_with_derivatives(lambda d, i: _cuda.gather_nd(d, i, b), lambda d, i: _nd_coords(d, i, b),
+                                   lambda d: (math.prod(d.shape[:b]),) + tuple(d.shape[b:]))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_scatter_elements(ax: int, reduction: str):
+    return scatter_with_derivatives(lambda d, i, u: _cuda.scatter_elements(d, i, u, ax, reduction),
+                                    _elements_targets(ax), reduction)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_scatter_nd(reduction: str):
+    return scatter_with_derivatives(lambda d, i, u: _cuda.scatter_nd(d, i, u, reduction),
+                                    _nd_targets, reduction)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_spmv():
+    return spmv_with_derivatives(lambda *a: _cuda.spmv(*a))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_values_grad():
+    return values_grad_with_derivatives(lambda *a: _cuda.values_grad(*a))
