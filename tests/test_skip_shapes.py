@@ -47,6 +47,17 @@ def test_it_leaves_out_exactly_the_named_families(cases):
                                                                if not c.family.startswith(("huge", "large"))]
 
 
+def test_a_glob_that_names_no_family_is_an_error_not_a_silent_no_op(cases, capsys):
+    """A typo (``hgue``) would skip nothing and run the 10^6-element cases the user meant to leave
+    out; it is a one-line error with the closest names. Graph shape sets count as families."""
+    with pytest.raises(RlxError, match=r"no shape family matches 'hgue' \(did you mean huge"):
+        session.skip_shapes(cases, ["huge", "hgue"])
+    assert session.skip_shapes(cases, ["s1"]) == list(cases)  # a graph's shape set: valid, none here
+    assert main(["run", "--ops", "relu", "--skip-shapes", "hgue", "--workers", "0", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no shape family matches 'hgue'" in err[0]
+
+
 def test_run_records_it_and_holds_no_such_case(tmp_path, capsys):
     """The run holds the other families' cases only, records the globs in run.selection, and the
     known-divergence item scoped to the huge cases (cumsum's float32 sequential-sum entry, whose

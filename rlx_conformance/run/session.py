@@ -3,6 +3,7 @@ cases → runner → results.json. Fronts only present what this returns."""
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 import fnmatch
 import hashlib
 import time
@@ -23,6 +24,7 @@ from rlx_conformance.generate.matrix import (
     selected_dtypes,
 )
 from rlx_conformance.judge import stability
+from rlx_conformance.ops.graphs import all_graphs
 from rlx_conformance.judge.stability import classify
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
@@ -136,7 +138,21 @@ def skip_shapes(cases: Sequence[Case], patterns: Sequence[str] | None) -> list[C
     cut alike, so the modes of a kept input set stay together."""
     if not patterns:
         return list(cases)
+    names = shape_family_names()
+    for p in patterns:  # a typo would otherwise skip nothing, silently
+        if not any(fnmatch.fnmatchcase(n, p) for n in names):
+            close = difflib.get_close_matches(p, sorted(names), n=3, cutoff=0.6)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise RlxError(f"--skip-shapes: no shape family matches {p!r}{hint}; the families are "
+                           "the tables of cases/shapes/*.toml and the graphs' shape sets")
     return [c for c in cases if not any(fnmatch.fnmatchcase(c.family, p) for p in patterns)]
+
+
+def shape_family_names() -> set[str]:
+    """Every shape family a case can name: the tables of cases/shapes/*.toml and the graphs'
+    shape sets."""
+    names = {f for fams in data.load("shapes").values() for f in fams}
+    return names | {s for g in all_graphs().values() for s, _ in g.shapes}
 
 
 def find_case(case_id: str) -> Case:
