@@ -277,7 +277,8 @@ DTYPE_ABBREVIATIONS = {"f16": "float16", "fp16": "float16", "half": "float16", "
                        "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32"}
 
 
-def _did_you_mean(word: str, names: Sequence[str]) -> str:
+def did_you_mean(word: str, names: Sequence[str]) -> str:
+    """`` (did you mean a, b?)`` with the closest of ``names`` to a mistyped ``word``, or ''."""
     close = difflib.get_close_matches(word, names, n=3, cutoff=0.6)
     return f" (did you mean {', '.join(close)}?)" if close else ""
 
@@ -291,7 +292,7 @@ def selected_dtypes(dtypes: Sequence[str] | None) -> list[str] | None:
     for p in dtypes:
         p = DTYPE_ABBREVIATIONS.get(p.lower(), p)
         if not any(fnmatch.fnmatchcase(d, p) for d in dt.ALL):
-            raise RlxError(f"no dtype matches {p!r}" + _did_you_mean(p, [*dt.ALL, *DTYPE_ABBREVIATIONS])
+            raise RlxError(f"no dtype matches {p!r}" + did_you_mean(p, [*dt.ALL, *DTYPE_ABBREVIATIONS])
                            + f"; dtypes: {', '.join(dt.ALL)}")
         out.append(p)
     return out
@@ -334,7 +335,7 @@ def generate(targets: Sequence[Target], ops: Sequence[str] | None = None,
     names = [s.name for s in all_ops()]
     for p in ops or ():  # each pattern must select something: a typo is an error, not a smaller run
         if not any(fnmatch.fnmatchcase(n, p) for n in names):
-            raise RlxError(f"no op matches {p!r}" + _did_you_mean(p, names))
+            raise RlxError(f"no op matches {p!r}" + did_you_mean(p, names))
     dtypes = selected_dtypes(dtypes)
     specs = [s for s in all_ops() if _matches(s.name, ops)]
     cases: list[Case] = []

@@ -3,7 +3,6 @@ cases → runner → results.json. Fronts only present what this returns."""
 from __future__ import annotations
 
 import datetime as _dt
-import difflib
 import fnmatch
 import hashlib
 import time
@@ -20,12 +19,13 @@ from rlx_conformance.generate.matrix import (
     GRAD_KINDS,
     Case,
     Target,
+    did_you_mean,
     generate,
     selected_dtypes,
 )
 from rlx_conformance.judge import stability
-from rlx_conformance.ops.graphs import all_graphs
 from rlx_conformance.judge.stability import classify
+from rlx_conformance.ops.graphs import all_graphs
 from rlx_conformance.run.bundle import BundleSink
 from rlx_conformance.run.outcomes import finalize
 from rlx_conformance.run.runner import DEFAULT_MAX_FAILURES, DEFAULT_TIMEOUT, Runner
@@ -141,10 +141,8 @@ def skip_shapes(cases: Sequence[Case], patterns: Sequence[str] | None) -> list[C
     names = shape_family_names()
     for p in patterns:  # a typo would otherwise skip nothing, silently
         if not any(fnmatch.fnmatchcase(n, p) for n in names):
-            close = difflib.get_close_matches(p, sorted(names), n=3, cutoff=0.6)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise RlxError(f"--skip-shapes: no shape family matches {p!r}{hint}; the families are "
-                           "the tables of cases/shapes/*.toml and the graphs' shape sets")
+            raise RlxError(f"--skip-shapes: no shape family matches {p!r}{did_you_mean(p, sorted(names))}; "
+                           "the families are the tables of cases/shapes/*.toml and the graphs' shape sets")
     return [c for c in cases if not any(fnmatch.fnmatchcase(c.family, p) for p in patterns)]
 
 
