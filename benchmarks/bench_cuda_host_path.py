@@ -18,32 +18,12 @@ change. Compare two versions of the package by running this script with each on 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
-
-ROW = 16  # GatherND / ScatterND rows, as bench_gpu_custom.py
-
-
-def _inputs(op: str, n: int, rng):
-    import mlx.core as mx
-    f32 = lambda *s: mx.array(rng.standard_normal(s).astype(np.float32))  # noqa: E731
-    if op == "onnx.GatherElements":
-        return [f32(n), mx.array(rng.integers(0, n, n))], {"axis": 0}
-    if op == "onnx.ScatterElements":
-        return [f32(n), mx.array(rng.integers(0, n, n)), f32(n)], {"axis": 0, "reduction": "add"}
-    m = n // ROW
-    if op == "onnx.GatherND":
-        return [f32(m, ROW), mx.array(rng.integers(0, m, (m, 1)))], {"batch_dims": 0}
-    if op == "onnx.ScatterND":
-        return [f32(m, ROW), mx.array(rng.integers(0, m, (m, 1))), f32(m, ROW)], {"reduction": "add"}
-    rows = n // 8
-    col = mx.array(np.minimum(np.arange(n) // 8 + np.tile(np.arange(8), rows), rows - 1).astype(np.int32))
-    rp = mx.array(np.arange(0, n + 1, 8, dtype=np.int32))
-    if op == "rlx_sparse.mat_vec":
-        return [f32(n), col, rp, f32(rows)], {}
-    return [col, rp, f32(rows), f32(rows)], {}  # rlx_sparse.values_grad
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_gpu_custom, also under python -P
+from bench_gpu_custom import inputs  # noqa: E402  (the same inputs as the GPU benchmark)
 
 OPS = ["onnx.GatherElements", "onnx.GatherND", "onnx.ScatterElements", "onnx.ScatterND",
        "rlx_sparse.mat_vec", "rlx_sparse.values_grad"]
@@ -69,12 +49,12 @@ def main() -> None:
         ck.active = lambda: True
         custom._cuda.active = ck.active
     mlx = get_backend("mlx")
-    rng = np.random.default_rng(0)
     print(f"host path to the launch, {'CUDA' if real else 'stubbed kernel (no CUDA here)'}, "
           f"size {int(args.size):,}, mean of {args.calls} calls")
     for op in OPS:
         with mx.stream(mx.gpu if real else mx.cpu):
-            ins, attrs = _inputs(op, int(args.size), rng)
+            arrays, attrs, _ = inputs(op, int(args.size))
+            ins = [mx.array(a) for a in arrays]
             mx.eval(ins)
             fn = mlx.kernels[op].fn
             for _ in range(20):

@@ -435,8 +435,8 @@ def plan(name: str, params: list[int], templates: list[tuple[str, Any]],
     (:func:`planned` adds them). ``extra_outputs`` are further (shape, dtype name) outputs;
     ``init`` fills every output before the kernel runs (MLX's ``init_value``); ``whole_blocks``
     launches exactly ``threads`` (a multiple of BLOCK, one thread per lane) instead of the
-    grid-stride grid. ``call`` holds the same as the kernel call's keyword arguments (MLX dtypes),
-    prepared once."""
+    grid-stride grid. ``params`` is a tuple (the key of :func:`params_array`); ``call`` holds the
+    same as the kernel call's keyword arguments (MLX dtypes), prepared once."""
     outs = [(tuple(int(v) for v in out_shape), out_dtype)]
     outs += [(tuple(int(v) for v in sh), d) for sh, d in extra_outputs]
     grid = (max(1, int(threads)) if whole_blocks else _grid(threads)[0], 1, 1)
@@ -445,7 +445,7 @@ def plan(name: str, params: list[int], templates: list[tuple[str, Any]],
             "output_dtypes": [_mx(d) for _, d in outs]}
     if init is not None:
         call["init_value"] = float(init)
-    return {"name": name, "params": [int(v) for v in params], "params_key": tuple(int(v) for v in params),
+    return {"name": name, "params": tuple(int(v) for v in params),
             "templates": templates, "out_shape": outs[0][0], "out_dtype": out_dtype,
             "outputs": outs, "init": init, "grid": grid, "call": call}
 
@@ -491,7 +491,7 @@ def params_array(params: Sequence[int]) -> mx.array:
 
 def launch(pl: dict[str, Any]):
     """Run a plan: its one output, or the tuple of them when the plan has several."""
-    res = _kernel(pl["name"])(inputs=[*pl["inputs"], params_array(pl["params_key"])], **pl["call"])
+    res = _kernel(pl["name"])(inputs=[*pl["inputs"], params_array(pl["params"])], **pl["call"])
     return res[0] if len(pl["outputs"]) == 1 else tuple(res)
 
 
