@@ -30,6 +30,10 @@ class UnsupportedError(RlxError):
     """A backend does not support this op/dtype/device combination (declared)."""
 
 
+class ResultsWriteError(RlxError):
+    """The results (journal or results.json) could not be written: a full disk, a folder gone."""
+
+
 class KernelContractError(RlxError):
     """A kernel broke the call convention: wrong output count, shape or dtype, or not an array."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rlx_conformance.core import provenance
-from rlx_conformance.core.errors import RlxError
+from rlx_conformance.core.errors import ResultsWriteError, RlxError
 
 SCHEMA = "rlx-conformance/results/v1"
 # contract: the kernel broke the call convention (wrong output count/shape/dtype, a non-array
@@ -228,7 +228,10 @@ def write_results(path: Path, run: dict[str, Any], results: list[CaseResult],
     """results.json, atomically. ``stability`` is the bit-stability section the judge layer
     classified from these results (judge.stability.classify)."""
     head = {"schema": SCHEMA, "run": run, "summary": summarize(results), "stability": stability}
-    atomic_write_text(path, dumps_results(head, [r.to_json() for r in results]))
+    try:
+        atomic_write_text(path, dumps_results(head, [r.to_json() for r in results]))
+    except OSError as e:
+        raise ResultsWriteError(f"cannot write {path}: {e.strerror or e}") from e
 
 
 def dumps_results(head: dict[str, Any], cases: list[dict[str, Any]]) -> str:
@@ -251,11 +254,17 @@ class Journal:
         self._f = self.path.open("w")
 
     def add(self, r: CaseResult) -> None:
-        self._f.write(json.dumps(r.to_json(), allow_nan=False) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(r.to_json(), allow_nan=False) + "\n")
+            self._f.flush()
+        except OSError as e:
+            raise ResultsWriteError(f"cannot write {self.path}: {e.strerror or e}") from e
 
     def close(self, remove: bool) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError:  # the flush of a write that already failed (a full disk): nothing more to save
+            pass
         if remove:
             self.path.unlink(missing_ok=True)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from rlx_conformance.backends import get_backend
 from rlx_conformance.core import data
 from rlx_conformance.core import results as res
-from rlx_conformance.core.errors import RlxError
+from rlx_conformance.core.errors import ResultsWriteError, RlxError
 from rlx_conformance.generate.layouts import layout_of_id
 from rlx_conformance.generate.matrix import (
     GRAD_KINDS,
@@ -247,6 +247,7 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
     for r in prior if journal else ():  # a second kill still keeps them
         journal.add(r)
     interrupted = False
+    write_error: ResultsWriteError | None = None
     sink = None
     if bundles and report_dir is not None:
         sink = BundleSink(Path(report_dir), timeout=timeout, init=init, env=tuple(sorted((env or {}).items())))
@@ -261,6 +262,8 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
                 on_result(r)
     except KeyboardInterrupt:
         interrupted = True
+    except ResultsWriteError as e:  # a full disk: stop, keep what is written, say so in one line
+        write_error, interrupted = e, True
     finally:
         if repeat > 1:
             run.results = stability.merge_repeats(run.results)
@@ -284,8 +287,15 @@ def execute(cases: Sequence[Case], report_dir: Path | None, *, workers: int | No
             **(meta or {}))
         if report_dir:
             run.path = report_dir / "results.json"
-            res.write_results(run.path, run.meta, run.results, classify(run.results))
-            journal.close(remove=True)
+            try:
+                res.write_results(run.path, run.meta, run.results, classify(run.results))
+                journal.close(remove=True)  # results.json holds every record
+            except ResultsWriteError as e:
+                write_error = write_error or e
+                journal.close(remove=False)
+    if write_error is not None:
+        raise ResultsWriteError(f"{write_error}; the run stopped after {len(run.results)} records, "
+                                f"and `run --resume {report_dir}` goes on from those written") from write_error
     if interrupted:
         raise KeyboardInterrupt
     return run
