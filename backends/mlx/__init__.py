@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from rlx_conformance.backends._loader import load_kernel_modules
-from rlx_conformance.backends.mlx import _jit_pch
+from rlx_conformance.backends.mlx import _jit_pch, _nvrtc_pch
 from rlx_conformance.backends.base import (
     Backend,
     KernelEntry,
@@ -153,8 +153,9 @@ class MlxBackend(Backend):
 
     def worker_env(self) -> dict[str, str]:
         """PATH with a g++ that compiles the CPU JIT's kernels with a precompiled MLX preamble:
-        the same kernels, 4x faster to build (_jit_pch.py)."""
-        return _jit_pch.worker_env()
+        the same kernels, 4x faster to build (_jit_pch.py); with MLX's CUDA build, NVRTC's
+        precompiled headers for the CUDA JIT, a quarter less NVRTC time (_nvrtc_pch.py)."""
+        return {**_jit_pch.worker_env(), **_nvrtc_pch.worker_env()}
 
     def variant_env(self, variant: str) -> dict[str, str]:
         return {"tf32:on": {self.TF32_ENV: "1"}, "tf32:off": {self.TF32_ENV: "0"}}.get(variant, {})
