@@ -151,3 +151,12 @@ def test_no_cuda_build_or_switched_off_means_nothing_changes(shim, monkeypatch):
     monkeypatch.delenv(_nvrtc_pch.ENV)
     monkeypatch.setattr(_nvrtc_pch, "mlx_cuda_build", lambda: False)
     assert _nvrtc_pch.worker_env() == {}
+
+
+def test_the_log_has_a_line_a_compile_with_the_pch_or_without(shim, fake, tmp_path):
+    env = _nvrtc_pch.worker_env()
+    for extra, n_options in (({}, 4), ({_nvrtc_pch.DIR_ENV: ""}, 2)):
+        log = tmp_path / f"log{n_options}"
+        _compile(fake, tmp_path, {**env, **extra, "RLX_CONFORMANCE_NVRTC_LOG": str(log)})
+        rows = [line.split() for line in log.read_text().splitlines()]
+        assert len(rows) == 3 and all(r[2] == "0" and int(r[3]) == n_options and float(r[1]) >= 0 for r in rows)
