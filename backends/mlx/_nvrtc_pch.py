@@ -41,11 +41,16 @@ _PROBE = "import ctypes, sys; import mlx.core; sys.exit(ctypes.CDLL(sys.argv[1])
 
 
 @functools.cache
+def mlx_cuda_dists() -> tuple[str, ...]:
+    """MLX's CUDA build as installed: its ``mlx-cuda-*`` distributions (``mlx[cuda12]`` and
+    ``mlx[cuda13]`` bring one) with their versions, found without importing MLX; empty without."""
+    return tuple(sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                        if re.match(r"mlx[-_]cuda", (d.metadata["Name"] or "").lower())))
+
+
 def mlx_cuda_build() -> bool:
-    """Whether MLX's CUDA build is installed (``mlx[cuda12]``/``mlx[cuda13]`` bring an
-    ``mlx-cuda-*`` distribution), found without importing MLX."""
-    return any(re.match(r"mlx[-_]cuda", (d.metadata["Name"] or "").lower())
-               for d in importlib.metadata.distributions())
+    """Whether MLX's CUDA build is installed."""
+    return bool(mlx_cuda_dists())
 
 
 def _root() -> Path:
@@ -53,9 +58,13 @@ def _root() -> Path:
 
 
 def _key(compiler: str) -> str:
-    """What the built shim depends on: its source and the compiler."""
+    """What the built shim and its probe's verdict depend on: the shim's source, the compiler, and
+    MLX's CUDA build (with the NVRTC its wheels bring, a newer one may take the PCH where an older
+    did not). A system CUDA upgraded in place is not seen: remove ``$TMPDIR/rlx-conformance/nvrtc-pch``
+    to check again."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    return hashlib.sha256(SOURCE.read_bytes() + b"\0" + compiler.encode() + b"\0" + version.encode()).hexdigest()[:24]
+    parts = (SOURCE.read_text(), compiler, version, *mlx_cuda_dists())
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
 def prepare() -> Path | None:
