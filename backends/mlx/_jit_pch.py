@@ -23,7 +23,6 @@ header that changed after its PCH was built, so a changed MLX must never meet an
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -34,6 +33,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from rlx_conformance.backends.mlx._built_once import built_once
 
 COMPILER = "g++"  # what MLX's CPU JIT runs (backends/mlx CPU_JIT_COMPILER)
 # MLX 0.32's compile flags (mlx/backend/cpu/jit_compiler.cpp); a PCH built with other ones is
@@ -96,18 +97,8 @@ def prepare() -> Path | None:
     if compiler is None or include is None:
         return None
     try:
-        key = cache_key(compiler, include)
-        home = _root() / key
-        if (home / "ready").is_file():
-            return home / "bin"
-        if (home / "unusable").is_file():
-            return None
-        _root().mkdir(parents=True, exist_ok=True)
-        with open(_root() / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait for it
-            if not (home / "ready").is_file() and not (home / "unusable").is_file():
-                _build(home, compiler, include)
-        return home / "bin" if (home / "ready").is_file() else None
+        home = _root() / cache_key(compiler, include)
+        return home / "bin" if built_once(home, lambda h: _build(h, compiler, include)) else None
     except (OSError, subprocess.SubprocessError):
         return None  # no cache to write, a compiler that fails: MLX compiles as it always does
 

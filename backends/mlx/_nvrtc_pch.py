@@ -20,7 +20,6 @@ child process. Anywhere else nothing changes. ``RLX_CONFORMANCE_NVRTC_PCH=0`` sw
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -31,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from rlx_conformance.backends.mlx._built_once import built_once
 
 ENV = "RLX_CONFORMANCE_NVRTC_PCH"
 DIR_ENV = "RLX_CONFORMANCE_NVRTC_PCH_DIR"  # read by the shim: where each process's PCH folder goes
@@ -78,16 +79,7 @@ def prepare() -> Path | None:
         return None
     try:
         home = _root() / _key(compiler)
-        if (home / "ready").is_file():
-            return home / "nvrtc_pch_shim.so"
-        if (home / "unusable").is_file():
-            return None
-        _root().mkdir(parents=True, exist_ok=True)
-        with open(_root() / f"{home.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait for it
-            if not (home / "ready").is_file() and not (home / "unusable").is_file():
-                _build(home, compiler)
-        return home / "nvrtc_pch_shim.so" if (home / "ready").is_file() else None
+        return home / "nvrtc_pch_shim.so" if built_once(home, lambda h: _build(h, compiler)) else None
     except (OSError, subprocess.SubprocessError):
         return None
 
