@@ -20,6 +20,12 @@ from rlx_conformance.core.errors import (
 from rlx_conformance.ops import get_op
 from rlx_conformance.spec.registry import REQUIRED, OpSpec, OutSpec
 
+# Shared libraries (os.pathsep-separated paths) a worker loads RTLD_GLOBAL before it imports a
+# backend: what LD_PRELOAD does for a process started fresh, for workers forked from a forkserver
+# that began before the run knew its backends' environment (run/worker.py, serve). Their symbols
+# then come before those of a library the backend loads later, such as MLX's libnvrtc.
+PRELOAD_ENV = "RLX_CONFORMANCE_WORKER_PRELOAD"
+
 
 @dataclass
 class KernelEntry:
@@ -430,7 +436,9 @@ class Backend:
 
     def worker_env(self) -> dict[str, str]:
         """Environment variables the processes that run this backend's kernels start with (the
-        runner's workers; an in-process run sets them for its duration). None by default."""
+        runner's workers; an in-process run sets them for its duration). None by default.
+        :data:`PRELOAD_ENV` among them names shared libraries a worker loads into its global
+        symbol scope before anything else."""
         return {}
 
     def variant_env(self, variant: str) -> dict[str, str]:

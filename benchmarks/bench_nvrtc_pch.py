@@ -5,8 +5,9 @@
 A cold GPU run is NVRTC-bound (README, MLX on a GPU). backends/mlx/_nvrtc_pch.py gives the
 workers NVRTC's automatic PCH; this script runs one selection twice on the same machine, each
 time with NVRTC's and MLX's caches empty (a fresh TMPDIR and MLX_PTX_CACHE_DIR) and for at most
-``--seconds``: first with the PCH off (``RLX_CONFORMANCE_NVRTC_PCH=0``, the shim preloaded here
-without its folder, so both passes log each compile alike), then on (as a run gives it). It reports per pass the cases run,
+``--seconds``: first with the PCH off (``RLX_CONFORMANCE_NVRTC_PCH=0``, the shim loaded in the
+workers all the same but without its folder, so both passes log each compile alike), then on
+(as a run gives it). It reports per pass the cases run,
 the compiles, NVRTC seconds each and in all (the shim's log), the PCH folder's largest size,
 and whether each case run by both passes has the same outcome and output digest.
 
@@ -28,6 +29,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from rlx_conformance.backends.base import PRELOAD_ENV
 from rlx_conformance.backends.mlx import _nvrtc_pch
 
 SELECTION = ["--device", "gpu", "--mode", "compiled", "--ops", "gelu*,silu,softmax,layer_norm,rms_norm,mul,add",
@@ -45,8 +47,8 @@ def one_pass(name: str, shim: Path, selection: list[str], seconds: float, worker
     env = {**os.environ, "TMPDIR": str(tmp), "MLX_PTX_CACHE_DIR": str(tmp / "ptx"),
            "RLX_CONFORMANCE_NVRTC_LOG": str(log), _nvrtc_pch.ENV: "0" if name == "off" else "1"}
     env.pop(_nvrtc_pch.DIR_ENV, None)
-    if name == "off":  # the shim without its folder: it logs and adds nothing ("on": the run preloads it)
-        env["LD_PRELOAD"] = " ".join([str(shim), *env.get("LD_PRELOAD", "").split()])
+    if name == "off":  # the shim without its folder: it logs and adds nothing ("on": the run loads it)
+        env[PRELOAD_ENV] = str(shim)
     largest = [0.0]
     done = threading.Event()
 

@@ -78,3 +78,11 @@ def blas_threads(message, send):
     from threadpoolctl import threadpool_info
 
     return sorted(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+
+def global_symbol(message, send):
+    """A worker task: whether ``message`` names a symbol of this process's global scope (what a
+    library loaded RTLD_GLOBAL, run/worker.load_preloads, puts there)."""
+    import ctypes
+
+    return hasattr(ctypes.CDLL(None), message)

@@ -3,8 +3,9 @@ options it adds and only where NVRTC can take them, the program names it shorten
 folders it removes, and the check that decides whether workers get it at all.
 
 The fake stands where MLX's CUDA build has libnvrtc: a ``libnvrtc.so.13`` that a ``libmlx``
-stand-in links, loaded RTLD_LOCAL as Python loads MLX's extension; the shim is LD_PRELOADed as
-the runner does. The measured effect on a real NVRTC is in benchmarks/README.md."""
+stand-in links, loaded RTLD_LOCAL as Python loads MLX's extension, after the shim is loaded as a
+worker loads it (run/worker.load_preloads). The measured effect on a real NVRTC is in
+benchmarks/README.md."""
 from __future__ import annotations
 
 import os
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from rlx_conformance.backends.base import PRELOAD_ENV
 from rlx_conformance.backends.mlx import _nvrtc_pch
+from rlx_conformance.run import worker
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -66,7 +69,7 @@ def fake(tmp_path_factory) -> Path:
     (d / "mlx.c").write_text(FAKE_MLX)
     subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libnvrtc.so.13", "-o", str(d / "libnvrtc.so.13"),
                     str(d / "nvrtc.c")], check=True)
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(d / "libmlx.so"), str(d / "mlx.c"), "-L", str(d),
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(d / "libfakemlx.so"), str(d / "mlx.c"), "-L", str(d),
                     "-l:libnvrtc.so.13", f"-Wl,-rpath,{d}"], check=True)
     return d
 
@@ -91,7 +94,8 @@ def _compile(fake: Path, tmp: Path, env: dict[str, str]) -> tuple[list[str], lis
     got, and that process's pid."""
     record = tmp / "record"
     record.unlink(missing_ok=True)
-    code = (f"import ctypes, os; l = ctypes.CDLL({str(fake / 'libmlx.so')!r}, mode=ctypes.RTLD_LOCAL); "
+    code = ("import ctypes, os; from rlx_conformance.run.worker import load_preloads; load_preloads(); "
+            f"l = ctypes.CDLL({str(fake / 'libfakemlx.so')!r}, mode=ctypes.RTLD_LOCAL); "
             "assert l.compile_two() == 0; print(os.getpid())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "FAKE_NVRTC_RECORD": str(record), **env})
@@ -102,7 +106,7 @@ def _compile(fake: Path, tmp: Path, env: dict[str, str]) -> tuple[list[str], lis
 
 def test_the_options_are_added_after_mlxs_and_long_names_shortened(shim, fake, tmp_path):
     env = _nvrtc_pch.worker_env()
-    assert env["LD_PRELOAD"].split()[0] == str(shim)
+    assert env[PRELOAD_ENV] == str(shim)
     names, options, pid = _compile(fake, tmp_path, env)
     pch_dir = Path(env[_nvrtc_pch.DIR_ENV]) / str(pid)
     assert options == [f"--gpu-architecture=sm_90a --include-path=/x --pch --pch-dir={pch_dir}"] * 3
@@ -160,3 +164,19 @@ def test_the_log_has_a_line_a_compile_with_the_pch_or_without(shim, fake, tmp_pa
         _compile(fake, tmp_path, {**env, **extra, "RLX_CONFORMANCE_NVRTC_LOG": str(log)})
         rows = [line.split() for line in log.read_text().splitlines()]
         assert len(rows) == 3 and all(r[2] == "0" and int(r[3]) == n_options and float(r[1]) >= 0 for r in rows)
+
+
+def test_a_runner_worker_has_the_shim_in_its_global_scope(shim, monkeypatch):
+    """Through the forkserver, as a run starts its workers: LD_PRELOAD would not reach them."""
+    import kernels_for_tests as kt
+
+    with_shim = _nvrtc_pch.worker_env()
+    monkeypatch.setattr(tempfile, "tempdir", None)  # a forkserver started here puts its socket there
+    monkeypatch.delenv("LD_LIBRARY_PATH")  # and later tests' workers fork from it
+    for env, expected in (({}, False), (with_shim, True)):
+        w = worker.start(worker.context(), kt.global_symbol, env=env, hint="")
+        try:
+            w.conn.send("rlx_nvrtc_pch_probe")
+            assert w.conn.recv()[1] is expected, env
+        finally:
+            worker.stop([w])

@@ -5,7 +5,7 @@ every compile parses the same CUDA and CCCL headers again (the default GPU run s
 its workers' 15,425 s in such compiles; README, MLX on a GPU). NVRTC 12.8 and newer can keep a
 precompiled header of that prefix and reuse it in a process's later compiles (``--pch``), but
 MLX passes no such option. ``nvrtc_pch_shim.c`` (package data) adds it: built once per machine
-with the C compiler, LD_PRELOADed into the worker processes, it appends ``--pch`` and a per-process
+with the C compiler, loaded into each worker's global symbol scope before MLX, it appends ``--pch`` and a per-process
 ``--pch-dir`` to MLX's NVRTC options, shortens the fused kernels' program names (NVRTC names the
 PCH file after the program, and MLX's names pass the 255-byte limit) and removes the PCH folders
 of processes that have ended (157 MB each). The shim's comments say why each part is there.
@@ -31,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rlx_conformance.backends.base import PRELOAD_ENV
 from rlx_conformance.backends.mlx._built_once import built_once
 
 ENV = "RLX_CONFORMANCE_NVRTC_PCH"
@@ -102,10 +103,11 @@ def _build(home: Path, compiler: str) -> None:
 
 
 def worker_env() -> dict[str, str]:
-    """The environment that gives MLX's NVRTC compiles the PCH in a process started with it
-    (LD_PRELOAD with the shim first, the PCH folder); empty when there is none."""
+    """The environment that gives a worker's NVRTC compiles the PCH: the shim, which the worker
+    loads into its global symbol scope before it imports MLX (``PRELOAD_ENV``: LD_PRELOAD would
+    not reach workers forked from a forkserver started before the run knew it), and the PCH
+    folder; empty when there is none."""
     lib = prepare()
     if lib is None:
         return {}
-    rest = [p for p in os.environ.get("LD_PRELOAD", "").split() if p and p != str(lib)]
-    return {"LD_PRELOAD": " ".join([str(lib), *rest]), DIR_ENV: str(_root() / "pch")}
+    return {PRELOAD_ENV: str(lib), DIR_ENV: str(_root() / "pch")}

@@ -1,5 +1,6 @@
 /* rlx-conformance (backends/mlx/_nvrtc_pch.py): NVRTC's automatic precompiled headers for MLX's
- * CUDA JIT, LD_PRELOADed into the harness's worker processes.
+ * CUDA JIT, loaded RTLD_GLOBAL into the harness's worker processes before MLX (or LD_PRELOADed):
+ * its two functions then come before libnvrtc's in the lookup of MLX's calls.
  *
  * MLX builds every fused kernel with nvrtcCompileProgram; each compile parses the same CUDA and
  * CCCL headers again (3-4 s a kernel on an H100 host with 15 workers). NVRTC >= 12.8 can keep a

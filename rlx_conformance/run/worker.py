@@ -25,6 +25,7 @@ a worker is started from a fresh interpreter or a forkserver, never forked from 
 """
 from __future__ import annotations
 
+import ctypes
 import importlib
 import multiprocessing as mp
 import os
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from rlx_conformance.backends.base import PRELOAD_ENV
 from rlx_conformance.core.errors import RlxError
 
 STOP = None  # the parent's last message to a worker
@@ -103,6 +105,13 @@ def run_init(init: str | None) -> None:
         getattr(importlib.import_module(mod), fn)()
 
 
+def load_preloads() -> None:
+    """Load the libraries :data:`~rlx_conformance.backends.base.PRELOAD_ENV` names into this
+    process's global symbol scope (a backend's worker_env asks for them: MLX's NVRTC shim)."""
+    for lib in filter(None, os.environ.get(PRELOAD_ENV, "").split(os.pathsep)):
+        ctypes.CDLL(lib, mode=os.RTLD_GLOBAL)
+
+
 def serve(conn: Connection, task: Task, setup: Callable[[], None] | None = None,
           env: dict[str, str] | None = None, init: str | None = None) -> None:
     """A worker process's main: its environment (``env``, set before anything reads it: MLX reads
@@ -114,6 +123,7 @@ def serve(conn: Connection, task: Task, setup: Callable[[], None] | None = None,
     os.environ.update(env or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     try:
+        load_preloads()  # before setup and init, which may import a backend
         if setup is not None:
             setup()
         run_init(init)
