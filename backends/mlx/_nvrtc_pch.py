@@ -5,10 +5,11 @@ every compile parses the same CUDA and CCCL headers again (the default GPU run s
 its workers' 15,425 s in such compiles; README, MLX on a GPU). NVRTC 12.8 and newer can keep a
 precompiled header of that prefix and reuse it in a process's later compiles (``--pch``), but
 MLX passes no such option. ``nvrtc_pch_shim.c`` (package data) adds it: built once per machine
-with the C compiler, loaded into each worker's global symbol scope before MLX, it appends ``--pch`` and a per-process
-``--pch-dir`` to MLX's NVRTC options, shortens the fused kernels' program names (NVRTC names the
-PCH file after the program, and MLX's names pass the 255-byte limit) and removes the PCH folders
-of processes that have ended (157 MB each). The shim's comments say why each part is there.
+with the C compiler and loaded into each worker's global symbol scope before MLX, it appends
+``--pch`` and a per-process ``--pch-dir`` to MLX's NVRTC options, shortens the fused kernels'
+program names (NVRTC names the PCH file after the program, and MLX's names pass the 255-byte
+limit) and removes the PCH folders of processes that have ended (157 MB each). The shim's
+comments say why each part is there.
 
 Measured on three H100 hosts (15 workers, ``benchmarks/README.md``): NVRTC time per compile
 3.73 → 2.63 s, 3.42 → 2.55 s and 4.58 → 3.37 s, with every case's outcome and output digest the
@@ -96,8 +97,9 @@ def _build(home: Path, compiler: str) -> None:
                            timeout=120, env={**os.environ, DIR_ENV: str(home / "probe")})
     shutil.rmtree(home / "probe", ignore_errors=True)
     if probe.returncode != 0:
-        why = {1: "no NVRTC found", 2: "NVRTC older than 12.8 (no automatic PCH)", 3: "a probe kernel failed to compile"}
-        (home / "unusable").write_text(f"{why.get(probe.returncode, f'probe exit {probe.returncode}')}\n{probe.stderr[-2000:]}")
+        why = {1: "no NVRTC found", 2: "NVRTC older than 12.8 (no automatic PCH)",
+               3: "a probe kernel failed to compile"}.get(probe.returncode, f"probe exit {probe.returncode}")
+        (home / "unusable").write_text(f"{why}\n{probe.stderr[-2000:]}")
         return
     (home / "ready").write_text(f"{compiler}\n")
 
