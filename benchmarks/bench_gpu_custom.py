@@ -2,7 +2,7 @@
 anchors a CUDA user would pick instead (issue 19 item 3), with achieved memory bandwidth.
 
     PYTHONPATH=. python benchmarks/bench_gpu_custom.py [--sizes 1e6,1e7,1e8] [--min-time 0.2]
-        [--ops GLOB,...] [--columns cuda,composed,anchor] [--json PATH] [--tag NAME]
+        [--ops GLOB,...] [--columns cuda,composed,anchor] [--processes N] [--json PATH] [--tag NAME]
 
 Methodology (the same for every column, MLX and CuPy): inputs are made and moved to the device
 once, outside the timing; the op's callable (kernel objects, parameter arrays) is built before
@@ -30,7 +30,11 @@ gather or scatter rows of 16 floats) and stored nonzeros for mat_vec / values_gr
 (each input read once, each output written once; the deterministic scatter's keys and sort not
 counted) over the median time, ``%peak`` that against the H200's HBM3e peak of 4.8 TB/s.
 ``stable`` says whether three runs gave bit-identical results (cuda / composed), checked at the
-smallest size. cg_solve: the time of one iteration (the difference of max_iter 24 and 8, over
+smallest size. ``--processes N`` runs the whole measurement in N fresh processes, one after
+another, and adds a table of each row over them: the median of the processes' medians and their
+range. Where a call is bound by the host (10^6 elements), its cost moved by up to 2x between
+processes of one machine (benchmarks/README.md, 2026-12-06): one process's p10-p90 does not show
+that. cg_solve: the time of one iteration (the difference of max_iter 24 and 8, over
 16) against the sum of its parts timed alone the same way: one SpMV and the iteration's vector
 operations (two dot products, three axpys, the convergence test).
 """
@@ -41,7 +45,11 @@ import fnmatch
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -228,7 +236,12 @@ def main() -> None:
                     help="columns to measure (cuda_sort: the scatters with RLX_MLX_CUDA_SCATTER=sort)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--tag", default="", help="a label stored in the JSON (e.g. before/after)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="run it all in N fresh processes and give each row's spread over them")
     args = ap.parse_args()
+    if args.processes > 1:
+        across_processes(args)
+        return
 
     import mlx.core as mx
 
@@ -316,6 +329,38 @@ def main() -> None:
                         json.dump({"info": info, "rows": rows}, fh, indent=1)
             del margs
             mx.clear_cache()
+
+
+def across_processes(args: argparse.Namespace) -> None:
+    """The measurement in ``args.processes`` fresh processes, one after another (each prints its
+    own table), then each (op, size, column) over them: the median of the processes' medians, the
+    smallest and largest, and largest/smallest."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.processes):
+            out = Path(tmp) / f"p{i}.json"
+            print(f"-- process {i + 1} of {args.processes}", flush=True)
+            subprocess.run([sys.executable, __file__, "--sizes", args.sizes, "--min-time", str(args.min_time),
+                            "--ops", args.ops, "--columns", args.columns, "--tag", args.tag, "--json", str(out)],
+                           check=True)
+            runs.append(json.loads(out.read_text()))
+    medians: dict[tuple[str, int, str], list[float]] = {}
+    for run in runs:
+        for r in run["rows"]:
+            if "median" in r:
+                medians.setdefault((r["op"], r["size"], r["col"]), []).append(r["median"])
+    across = [{"op": op, "size": size, "col": col, "medians": ms, "median": statistics.median(ms),
+               "min": min(ms), "max": max(ms), "max_over_min": max(ms) / min(ms)}
+              for (op, size, col), ms in medians.items()]
+    print(f"-- over {args.processes} processes: median of the processes' medians, smallest, largest (ms)")
+    print(f"{'op':24} {'size':>9} {'col':>8} {'median':>10} {'min':>8} {'max':>8} {'max/min':>7}")
+    for a in across:
+        print(f"{a['op']:24} {a['size']:>9} {a['col']:>8} {1e3 * a['median']:>10.4f} {1e3 * a['min']:>8.4f} "
+              f"{1e3 * a['max']:>8.4f} {a['max_over_min']:>7.2f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"info": runs[0]["info"], "processes": [run["rows"] for run in runs], "across": across}, fh,
+                      indent=1)
 
 
 if __name__ == "__main__":
