@@ -180,3 +180,9 @@ def test_a_runner_worker_has_the_shim_in_its_global_scope(shim, monkeypatch):
             assert w.conn.recv()[1] is expected, env
         finally:
             worker.stop([w])
+
+
+def test_a_shim_a_temp_cleaner_deleted_is_built_again(shim):
+    shim.unlink()
+    assert (shim.parent / "ready").is_file()
+    assert _nvrtc_pch.prepare() == shim and shim.is_file()

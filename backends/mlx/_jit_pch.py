@@ -98,7 +98,8 @@ def prepare() -> Path | None:
         return None
     try:
         home = _root() / cache_key(compiler, include)
-        return home / "bin" if built_once(home, lambda h: _build(h, compiler, include)) else None
+        ready = built_once(home, lambda h: _build(h, compiler, include), home / "bin" / COMPILER)
+        return home / "bin" if ready else None
     except (OSError, subprocess.SubprocessError):
         return None  # no cache to write, a compiler that fails: MLX compiles as it always does
 

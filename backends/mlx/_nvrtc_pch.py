@@ -81,7 +81,8 @@ def prepare() -> Path | None:
         return None
     try:
         home = _root() / _key(compiler)
-        return home / "nvrtc_pch_shim.so" if built_once(home, lambda h: _build(h, compiler)) else None
+        lib = home / "nvrtc_pch_shim.so"
+        return lib if built_once(home, lambda h: _build(h, compiler), lib) else None
     except (OSError, subprocess.SubprocessError):
         return None
 
