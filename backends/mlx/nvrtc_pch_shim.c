@@ -13,8 +13,10 @@
  *   ("File name too long", a failed compile). The name appears in diagnostics only.
  * - nvrtcCompileProgram: MLX's options plus "--pch --pch-dir=$RLX_CONFORMANCE_NVRTC_PCH_DIR/<pid>"
  *   when that variable is set and NVRTC is 12.8 or newer (else MLX's options unchanged). A PCH is
- *   about 157 MB and the harness's ended worker processes left theirs behind (a 64 GB disk filled in 2,524
- *   compiles), so each process first removes the folders of processes that no longer exist.
+ *   about 157 MB, one a process, and the harness's ended workers left theirs behind (a 64 GB disk
+ *   filled in 2,524 compiles), so each process first removes the folders of processes that no
+ *   longer exist. Initialisation races between threads are benign: at worst one compile goes
+ *   without the PCH.
  *
  * The real functions are found through the already-loaded libnvrtc by soname: Python loads MLX's
  * extension RTLD_LOCAL, so libnvrtc is not in the global scope and dlsym(RTLD_NEXT) finds nothing.
