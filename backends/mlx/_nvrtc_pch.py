@@ -91,7 +91,7 @@ def _build(home: Path, compiler: str) -> None:
     home.mkdir(parents=True, exist_ok=True)
     lib = home / "nvrtc_pch_shim.so"
     tmp = home / f"nvrtc_pch_shim.tmp{os.getpid()}.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SOURCE), "-ldl"],
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-pthread", "-o", str(tmp), str(SOURCE), "-ldl"],
                    capture_output=True, timeout=120, check=True)
     os.replace(tmp, lib)
     probe = subprocess.run([sys.executable, "-c", _PROBE, str(lib)], capture_output=True, text=True,

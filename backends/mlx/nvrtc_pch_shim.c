@@ -15,8 +15,7 @@
  *   when that variable is set and NVRTC is 12.8 or newer (else MLX's options unchanged). A PCH is
  *   about 157 MB, one a process, and the harness's ended workers left theirs behind (a 64 GB disk
  *   filled in 2,524 compiles), so each process first removes the folders of processes that no
- *   longer exist. Initialisation races between threads are benign: at worst one compile goes
- *   without the PCH.
+ *   longer exist.
  *
  * The real functions are found through the already-loaded libnvrtc by soname: Python loads MLX's
  * extension RTLD_LOCAL, so libnvrtc is not in the global scope and dlsym(RTLD_NEXT) finds nothing.
@@ -26,6 +25,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,7 +72,7 @@ static double now(void) {
 static void remove_folder(const char *path) { /* a PCH folder holds files only */
   DIR *d = opendir(path);
   if (!d) return;
-  char file[4352];
+  char file[4864];
   for (struct dirent *e; (e = readdir(d));) {
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
     snprintf(file, sizeof file, "%s/%s", path, e->d_name);
@@ -97,24 +97,28 @@ static void sweep_dead(const char *root) { /* folders named after processes that
   closedir(d);
 }
 
-/* "--pch-dir=<root>/<pid>" once NVRTC >= 12.8 and the variable are there; else NULL. */
-static const char *pch_dir_option(void) {
-  static int done;
-  static char option[4200];
-  if (done) return option[0] ? option : NULL;
-  done = 1;
+static char pch_option[4200];
+static pthread_once_t pch_once = PTHREAD_ONCE_INIT;
+
+static void find_pch_dir(void) {
   const char *root = getenv("RLX_CONFORMANCE_NVRTC_PCH_DIR");
   version_fn version = (version_fn)real_symbol("nvrtcVersion", NULL);
   int major = 0, minor = 0;
-  if (!root || !*root || !version || version(&major, &minor) != 0) return NULL;
-  if (major < 12 || (major == 12 && minor < 8)) return NULL;
+  if (!root || !*root || !version || version(&major, &minor) != 0) return;
+  if (major < 12 || (major == 12 && minor < 8)) return;
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/%d", root, (int)getpid());
   mkdir(root, 0755);
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST) return NULL;
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST) return;
   sweep_dead(root);
-  snprintf(option, sizeof option, "--pch-dir=%s", dir);
-  return option;
+  snprintf(pch_option, sizeof pch_option, "--pch-dir=%s", dir);
+}
+
+/* "--pch-dir=<root>/<pid>" once NVRTC >= 12.8 and the variable are there; else NULL. Worked out
+ * once a process (pthread_once: MLX may compile from more than one thread). */
+static const char *pch_dir_option(void) {
+  pthread_once(&pch_once, find_pch_dir);
+  return pch_option[0] ? pch_option : NULL;
 }
 
 nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name, int n_headers,
