@@ -74,9 +74,9 @@ def fake(tmp_path_factory) -> Path:
     return d
 
 
-@pytest.fixture
-def shim(tmp_path, monkeypatch, fake) -> Path:
-    """The shim as prepare() builds it, in this test's own cache, with the fake NVRTC found."""
+def _with_fake_nvrtc(monkeypatch, tmp_path: Path, fake: Path) -> None:
+    """prepare() as on a machine with MLX's CUDA build whose NVRTC is the fake, its cache under
+    ``tmp_path/cache``."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     monkeypatch.setattr(_nvrtc_pch, "mlx_cuda_build", lambda: True)
@@ -84,6 +84,12 @@ def shim(tmp_path, monkeypatch, fake) -> Path:
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fake))
     monkeypatch.setenv("FAKE_NVRTC_RECORD", str(tmp_path / "probe.record"))
     monkeypatch.delenv(_nvrtc_pch.ENV, raising=False)
+
+
+@pytest.fixture
+def shim(tmp_path, monkeypatch, fake) -> Path:
+    """The shim as prepare() builds it, in this test's own cache, with the fake NVRTC found."""
+    _with_fake_nvrtc(monkeypatch, tmp_path, fake)
     lib = _nvrtc_pch.prepare()
     assert lib is not None, (tmp_path / "cache").rglob("unusable").__next__().read_text()
     return lib
@@ -139,11 +145,7 @@ def test_the_folders_of_ended_processes_are_removed_and_live_ones_kept(shim, fak
 
 
 def test_an_nvrtc_without_automatic_pch_leaves_workers_as_they_were(tmp_path, monkeypatch, fake):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(_nvrtc_pch, "mlx_cuda_build", lambda: True)
-    monkeypatch.setattr(_nvrtc_pch, "_PROBE", _nvrtc_pch._PROBE.replace("import mlx.core", "ctypes.CDLL('libnvrtc.so.13')"))
-    monkeypatch.setenv("LD_LIBRARY_PATH", str(fake))
-    monkeypatch.setenv("FAKE_NVRTC_RECORD", str(tmp_path / "record"))
+    _with_fake_nvrtc(monkeypatch, tmp_path, fake)
     monkeypatch.setenv("FAKE_NVRTC_VERSION", "12.6")
     assert _nvrtc_pch.worker_env() == {}
     assert "older than 12.8" in next(tmp_path.rglob("unusable")).read_text()
@@ -186,3 +188,21 @@ def test_a_shim_a_temp_cleaner_deleted_is_built_again(shim):
     shim.unlink()
     assert (shim.parent / "ready").is_file()
     assert _nvrtc_pch.prepare() == shim and shim.is_file()
+
+
+def test_mlxs_cuda_build_is_the_dist_info_beside_the_mlx_package(tmp_path, monkeypatch):
+    import importlib.util
+    import types
+
+    (tmp_path / "mlx").mkdir()
+    spec = types.SimpleNamespace(submodule_search_locations=[str(tmp_path / "mlx")])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "mlx" else None)
+    _nvrtc_pch.mlx_cuda_dists.cache_clear()
+    try:
+        assert not _nvrtc_pch.mlx_cuda_build()
+        (tmp_path / "mlx-0.32.4.dist-info").mkdir()
+        (tmp_path / "mlx_cuda_13-0.32.4.dist-info").mkdir()
+        _nvrtc_pch.mlx_cuda_dists.cache_clear()
+        assert _nvrtc_pch.mlx_cuda_dists() == ("mlx_cuda_13-0.32.4.dist-info",)
+    finally:
+        _nvrtc_pch.mlx_cuda_dists.cache_clear()
