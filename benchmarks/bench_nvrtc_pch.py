@@ -8,7 +8,9 @@ time with NVRTC's and MLX's caches empty (a fresh TMPDIR and MLX_PTX_CACHE_DIR) 
 ``--seconds``: first with the PCH off (``RLX_CONFORMANCE_NVRTC_PCH=0``, the shim loaded in the
 workers all the same but without its folder, so both passes log each compile alike), then on
 (as a run gives it). It reports per pass the cases run,
-the compiles, NVRTC seconds each and in all (the shim's log), the PCH folder's largest size,
+the compiles, NVRTC seconds each and in all (the shim's log), how many compiles were of a kernel
+already compiled in the pass (two workers building one kernel at once, before MLX's PTX cache has
+it), the PCH folder's largest size,
 and whether each case run by both passes has the same outcome and output digest.
 
 The default selection (after ``--``, any ``rlx-conformance run`` options) is a compile-heavy
@@ -77,6 +79,7 @@ def one_pass(name: str, shim: Path, selection: list[str], seconds: float, worker
     return {"pass": name, "exit": proc.returncode, "wall_s": round(wall, 1), "cases": len(cases),
             "outcomes": dict(Counter(c["outcome"] for c in cases)), "compiles": len(nvrtc),
             "failed_compiles": sum(1 for r in rows if r[2] != "0"), "nvrtc_s": round(sum(nvrtc), 1),
+            "repeated_compiles": len(rows) - len({r[5] for r in rows}),
             "nvrtc_s_each": round(sum(nvrtc) / len(nvrtc), 3) if nvrtc else None,
             "pch_folder_max_mb": round(largest[0]), "stderr_tail": err[-300:] if proc.returncode not in (0, 1, 130) else "",
             "records": {c["id"]: [c["outcome"], c.get("output_digest")] for c in cases}}
@@ -101,6 +104,7 @@ def main() -> int:
     for q in passes:
         print(f"{q['pass']:>3}: {q['cases']} cases in {q['wall_s']} s (exit {q['exit']}), {q['compiles']} compiles, "
               f"{q['nvrtc_s_each']} s NVRTC each ({q['nvrtc_s']} s), {q['failed_compiles']} failed, "
+              f"{q['repeated_compiles']} of a kernel compiled before in the pass, "
               f"PCH folder at most {q['pch_folder_max_mb']} MB {q['stderr_tail']}")
     print(f"outcome or output digest changed in {changed} of the {len(both)} cases both passes ran")
     if args.json:

@@ -163,9 +163,15 @@ def test_the_log_has_a_line_a_compile_with_the_pch_or_without(shim, fake, tmp_pa
     env = _nvrtc_pch.worker_env()
     for extra, n_options in (({}, 4), ({_nvrtc_pch.DIR_ENV: ""}, 2)):
         log = tmp_path / f"log{n_options}"
-        _compile(fake, tmp_path, {**env, **extra, "RLX_CONFORMANCE_NVRTC_LOG": str(log)})
+        _, _, pid = _compile(fake, tmp_path, {**env, **extra, "RLX_CONFORMANCE_NVRTC_LOG": str(log)})
         rows = [line.split() for line in log.read_text().splitlines()]
         assert len(rows) == 3 and all(r[2] == "0" and int(r[3]) == n_options and float(r[1]) >= 0 for r in rows)
+        assert all(int(r[4]) == pid for r in rows)
+        assert len({r[5] for r in rows}) == 3, "three programs, one name hash each"
+    again = tmp_path / "again"
+    _compile(fake, tmp_path, {**env, "RLX_CONFORMANCE_NVRTC_LOG": str(again)})
+    assert [r.split()[5] for r in again.read_text().splitlines()] == [r[5] for r in rows], \
+        "the hash is of the program's name: the same kernel in another process has the same hash"
 
 
 def test_a_runner_worker_has_the_shim_in_its_global_scope(shim, monkeypatch):

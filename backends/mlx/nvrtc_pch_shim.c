@@ -20,7 +20,9 @@
  * The real functions are found through the already-loaded libnvrtc by soname: Python loads MLX's
  * extension RTLD_LOCAL, so libnvrtc is not in the global scope and dlsym(RTLD_NEXT) finds nothing.
  * With $RLX_CONFORMANCE_NVRTC_LOG set, one line a compile (PCH or not): start, seconds, result,
- * option count. */
+ * option count, process id, and the FNV-1a hash of the program's whole name (the last program this
+ * thread created: MLX creates and compiles in one call), so that the same kernel compiled by two
+ * workers at once shows as one hash under two process ids. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
@@ -44,6 +46,8 @@ typedef nvrtcResult (*version_fn)(int *, int *);
 
 #define NVRTC_INTERNAL_ERROR 11
 #define MAX_OPTIONS 256
+
+static __thread unsigned long long last_name_hash;
 
 nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name, int n_headers,
                                const char *const *headers, const char *const *include_names);
@@ -127,9 +131,10 @@ nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *
   if (!real) real = (create_fn)real_symbol("nvrtcCreateProgram", (void *)nvrtcCreateProgram);
   if (!real) return NVRTC_INTERNAL_ERROR;
   char short_name[96];
+  unsigned long long h = 1469598103934665603ULL;
+  for (const char *c = name ? name : ""; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+  last_name_hash = h;
   if (name && strlen(name) > 80) {
-    unsigned long long h = 1469598103934665603ULL;
-    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
     snprintf(short_name, sizeof short_name, "%.64s_%016llx", name, h);
     name = short_name;
   }
@@ -157,7 +162,7 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int n, const char *const *opt
   const char *log = getenv("RLX_CONFORMANCE_NVRTC_LOG");  /* benchmarks/bench_nvrtc_pch.py */
   FILE *f = log && *log ? fopen(log, "a") : NULL;
   if (f) {
-    fprintf(f, "%.6f %.6f %d %d\n", start, now() - start, r, n);
+    fprintf(f, "%.6f %.6f %d %d %d %016llx\n", start, now() - start, r, n, (int)getpid(), last_name_hash);
     fclose(f);
   }
   return r;
