@@ -60,3 +60,23 @@ def install_cuda_neg() -> None:
     mlx = get_backend("mlx")
     old = mlx.kernels["neg"]
     mlx.register("neg", loses_cuda_context, devices=dict(old.dtypes), replace=True, origin="tests")
+
+
+def aborts_on_odd_sizes(x):
+    """-x, but dies by SIGABRT on an input of odd size: a kernel that crashes on some cases only,
+    as MLX's CUDA build does on every empty array in compiled mode (~1,000 cases of the default GPU
+    run): each crash costs the run a fresh worker (benchmarks/bench_worker_churn.py)."""
+    import mlx.core as mx
+
+    if x.size % 2:
+        os.abort()
+    return mx.negative(x)
+
+
+def install_neg_aborts_on_odd_sizes() -> None:
+    """Runner init hook: MLX's ``neg`` becomes :func:`aborts_on_odd_sizes` in this worker."""
+    from rlx_conformance.backends import get_backend
+
+    mlx = get_backend("mlx")
+    old = mlx.kernels["neg"]
+    mlx.register("neg", aborts_on_odd_sizes, devices=dict(old.dtypes), replace=True, origin="tests")

@@ -385,3 +385,58 @@ def test_stopping_a_busy_pool_takes_one_grace_period_not_one_per_worker():
     worker.stop(pool, grace=0.3)
     assert sum(waited) <= 0.3 + 1e-9  # per-worker waits would add up to 6 x 0.3 s
     assert all(w.proc.killed for w in pool)
+
+
+def test_launch_does_not_wait_for_the_worker_to_start():
+    """A crashed worker's replacement is launched, not awaited: the runner serves the others while
+    it forks, imports and sets up (on an H100 host 1-4 s)."""
+    from rlx_conformance.run import worker
+
+    worker.stop([worker.start(worker.context(), kt.global_symbol, hint="")])  # the forkserver up (its imports)
+    t0 = time.monotonic()
+    w = worker.launch(worker.context(), kt.global_symbol, setup=functools.partial(time.sleep, 2.0))
+    try:
+        assert time.monotonic() - t0 < 1.5
+        assert not w.await_ready("", timeout=0)
+        assert w.await_ready("") and w.ready
+    finally:
+        worker.stop([w])
+
+
+def test_a_launched_worker_that_cannot_start_says_why():
+    from rlx_conformance.run import worker
+
+    w = worker.launch(worker.context(), kt.global_symbol, init="kernels_for_tests:broken_init")
+    with pytest.raises(RlxError, match="failed to start.*deliberately broken init hook.*the hint"):
+        w.await_ready("the hint")
+    assert not w.proc.is_alive()
+
+
+def test_spares_start_after_a_crash_only_and_end_with_the_run(monkeypatch):
+    spawned = []
+    spawn = runner.Runner._spawn
+
+    def spy(self):
+        w = spawn(self)
+        spawned.append(w)
+        return w
+
+    fresh = runner.Runner._fresh
+    replaced = []
+
+    def spy_fresh(self):
+        replaced.append(1)
+        return fresh(self)
+
+    monkeypatch.setattr(runner.Runner, "_spawn", spy)
+    monkeypatch.setattr(runner.Runner, "_fresh", spy_fresh)
+    cases = neg_cases()
+    assert all(r.outcome == "pass" for r in runner.Runner(workers=2, timeout=30.0, task_size=3).run(cases))
+    assert len(spawned) == 2, "a run without crashes starts no spare"
+    spawned.clear()
+    r = runner.Runner(workers=2, timeout=TIMEOUT, task_size=3, init="kernels_for_tests:install_broken_neg")
+    results = list(r.run(cases))
+    crashes = sum(res.outcome == "crash" for res in results)
+    assert crashes >= 2 and len(results) == len(cases)
+    assert len(spawned) == 2 + len(replaced) + 1, "one spare (2 workers) kept starting from the first replacement on"
+    assert r._spares == [] and not any(w.proc.is_alive() for w in spawned), "every worker and spare ended"

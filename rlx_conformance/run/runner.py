@@ -240,6 +240,7 @@ class Runner:
         self.recycled = 0  # workers replaced after a lost CUDA context (worker.poisoned)
         self._split = False  # already one environment's share of a run (see run)
         self._ctx = worker.context()
+        self._spares: list[_Worker] = []  # launched replacements in waiting (_fresh)
 
     def _tasks(self, cases: Sequence[Case]) -> deque[list[Case]]:
         """Tasks of ~task_size cases; cases sharing an input id stay together (one reference).
@@ -276,11 +277,38 @@ class Runner:
         return tasks
 
     def _spawn(self) -> _Worker:
+        """A new worker, launched, not yet ready: it joins the idle ones when its READY comes
+        (:meth:`_started`), so the pool is served meanwhile. A crash costs a fresh worker, and a GPU
+        run meets about 1,000 known crashes (MLX's CUDA build aborts on every empty array in
+        compiled mode); waiting for each replacement's start (its fork, setup and imports) held up
+        every other worker (benchmarks/bench_worker_churn.py)."""
         board = self._ctx.Array("d", 4, lock=False)  # the worker's phase board (_phase)
-        w = worker.start(self._ctx, functools.partial(_run_task, self.bundles, board),
-                         setup=functools.partial(_quiet, blas_threads(self.workers)),
-                         env=self.env, init=self.init, hint="run with --workers 0 to see the error")
-        return _Worker(w.proc, w.conn, board=board)
+        w = worker.launch(self._ctx, functools.partial(_run_task, self.bundles, board),
+                          setup=functools.partial(_quiet, blas_threads(self.workers)), env=self.env, init=self.init)
+        return _Worker(w.proc, w.conn, ready=False, since=w.since, board=board)
+
+    def _fresh(self) -> _Worker:
+        """A crashed or retired worker's replacement: a spare launched after an earlier
+        replacement (already started, or starting), else a new one; then the spares are topped
+        up to :meth:`spare_count`. A run without crashes starts no spare."""
+        w = self._spares.pop(0) if self._spares else self._spawn()
+        while len(self._spares) < self.spare_count():
+            self._spares.append(self._spawn())
+        return w
+
+    def spare_count(self) -> int:
+        """Spare workers kept starting once a worker had to be replaced: one per 4 workers, at
+        least one. On an H100 host a fresh worker's first case took 1-4 s more than the rest (its
+        MLX import and CUDA start-up), at about 4 crashes a second in the default GPU run."""
+        return max(1, self.workers // 4)
+
+    @staticmethod
+    def _started(starting: list[_Worker], idle: list[_Worker]) -> None:
+        """The launched workers whose READY has come join ``idle`` (RlxError for one that cannot
+        start: the run fails once, with the reason)."""
+        for w in starting:
+            if w.await_ready("run with --workers 0 to see the error", timeout=0):
+                idle.append(w)
 
     def run(self, cases: Iterable[Case]) -> Iterator[CaseResult]:
         cases = list(cases)
@@ -305,9 +333,9 @@ class Runner:
         tasks = self._tasks(cases)
         pool: list[_Worker] = []
         try:
-            for _ in range(min(self.workers, len(tasks))):
+            for _ in range(min(self.workers, len(tasks))):  # launched together: they start side by side
                 pool.append(self._spawn())
-            idle = list(pool)
+            idle: list[_Worker] = []
             while tasks or any(w.task for w in pool):
                 while idle and tasks:
                     w = idle.pop()
@@ -316,11 +344,14 @@ class Runner:
                     self._arm(w)
                     w.send(w.task)
                 busy = [w for w in pool if w.task]
-                if not busy:
+                starting = [w for w in pool if not w.ready]
+                if not busy and not starting:
                     continue
-                # a kernel call's deadline shows only on its worker's board: looked at every POLL
-                timeout = max(0.0, min(self._deadline(w) for w in busy) - time.monotonic())
-                ready = worker.wait_any(busy, min(POLL, timeout))
+                timeout = POLL
+                if busy:  # a kernel call's deadline shows only on its worker's board: looked at every POLL
+                    timeout = min(POLL, max(0.0, min(self._deadline(w) for w in busy) - time.monotonic()))
+                ready = worker.wait_any(busy + starting, timeout)
+                self._started(starting, idle)
                 for w in busy:
                     answers, dead = w.answers(ready)
                     recycle = None
@@ -328,10 +359,10 @@ class Runner:
                         if tag == worker.DONE:
                             if any(self._isolated(c) for c in w.task):
                                 self._retire(w, pool)
-                                w = self._spawn()
-                                pool.append(w)
+                                pool.append(self._fresh())
+                            else:
+                                idle.append(w)
                             w.task = []
-                            idle.append(w)
                             break
                         if tag == worker.RECYCLE:
                             recycle = payload
@@ -347,7 +378,8 @@ class Runner:
                 if self._stopped:
                     yield from self._stop_cases(pool, idle, tasks)
         finally:
-            worker.stop(pool)
+            worker.stop(pool + self._spares)
+            self._spares = []
 
     def _run_in_process(self, cases: list[Case]) -> Iterator[CaseResult]:
         """``workers=0``: each case in this process, a watchdog instead of a process to kill."""
@@ -460,9 +492,7 @@ class Runner:
             w.end(hung=True)
             rest = w.task[w.next:]
             pool.remove(w)
-            nw = self._spawn()
-            pool.append(nw)
-            idle.append(nw)
+            pool.append(self._fresh())
             for c in rest:
                 if kernel_key(c) in stopped:
                     yield self._not_run(c)
@@ -477,9 +507,7 @@ class Runner:
         rest = w.task[w.next:]
         w.task = []
         pool.remove(w)
-        nw = self._spawn()
-        pool.append(nw)
-        idle.append(nw)
+        pool.append(self._fresh())
         self.recycled += 1
         if rest:
             tasks.appendleft(rest)
@@ -527,17 +555,13 @@ class Runner:
         if w.next >= len(w.task):  # it answered every case, then died (or hung) before DONE
             w.end(hung=timed_out)
             pool.remove(w)
-            nw = self._spawn()
-            pool.append(nw)
-            idle.append(nw)
+            pool.append(self._fresh())
             return
         case = w.task[w.next]
         ended = w.end(hung=timed_out)
         rest = w.task[w.next + 1:]
         pool.remove(w)
-        nw = self._spawn()
-        pool.append(nw)
-        idle.append(nw)
+        pool.append(self._fresh())
         if rest:
             tasks.appendleft(rest)
             self._purge = bool(self._stopped)

@@ -164,6 +164,34 @@ class Worker:
 
     proc: mp.process.BaseProcess
     conn: Connection
+    ready: bool = True  # False from :func:`launch` until its READY came (:meth:`await_ready`)
+    since: float = 0.0  # time.monotonic() of its launch
+
+    def await_ready(self, hint: str, timeout: float = START_TIMEOUT) -> bool:
+        """Wait up to ``timeout`` seconds for the worker's READY: True once it came, False while
+        it is still setting up (under START_TIMEOUT since its launch). A worker that cannot even
+        start (import error, bad environment, silent for START_TIMEOUT) would otherwise be replaced
+        forever, one "crash" per case: it is killed and the run fails once, with the reason and
+        ``hint`` (RlxError)."""
+        if self.ready:
+            return True
+        why = None  # a worker that can say why it cannot start sends ("init-error", reason)
+        try:
+            if self.conn.poll(timeout):
+                msg = self.conn.recv()
+                why = None if msg == READY else msg[1]
+            elif self.proc.is_alive() and time.monotonic() - self.since < START_TIMEOUT:
+                return False
+            else:
+                why = f"no answer within {START_TIMEOUT:g} s" if self.proc.is_alive() else ""
+        except (EOFError, OSError):
+            why = ""
+        if why is not None:
+            self.proc.kill()
+            self.proc.join()
+            raise RlxError(f"a worker process failed to start ({why or signal_name(self.proc.exitcode)}); {hint}")
+        self.ready = True
+        return True
 
     def send(self, msg: Any) -> None:
         self.conn.send(msg)
@@ -193,26 +221,25 @@ class Worker:
         return signal_name(self.proc.exitcode)
 
 
-def start(ctx: mp.context.BaseContext, task: Task, *, setup: Callable[[], None] | None = None,
-          env: dict[str, str] | None = None, init: str | None = None, hint: str) -> Worker:
-    """Start a worker process (:func:`serve` with these arguments) and wait for its READY. A worker
-    that cannot even start (import error, bad environment) would otherwise be replaced forever,
-    one "crash" per case: the run fails once, with the reason and ``hint``."""
+def launch(ctx: mp.context.BaseContext, task: Task, *, setup: Callable[[], None] | None = None,
+           env: dict[str, str] | None = None, init: str | None = None) -> Worker:
+    """Start a worker process (:func:`serve` with these arguments) without waiting for its READY
+    (:meth:`Worker.await_ready`): a runner replacing a crashed worker goes on serving the others
+    while the new one forks, imports and sets up."""
     parent, child = ctx.Pipe()
     p = ctx.Process(target=serve, args=(child, task, setup, env, init), daemon=True)
     p.start()
     child.close()
-    why = None  # a worker that can say why it cannot start sends ("init-error", reason)
-    try:
-        msg = parent.recv() if parent.poll(START_TIMEOUT) else ("timeout", f"no answer within {START_TIMEOUT:g} s")
-        why = None if msg == READY else msg[1]
-    except (EOFError, OSError):
-        why = ""
-    if why is not None:
-        p.kill()
-        p.join()
-        raise RlxError(f"a worker process failed to start ({why or signal_name(p.exitcode)}); {hint}")
-    return Worker(p, parent)
+    return Worker(p, parent, ready=False, since=time.monotonic())
+
+
+def start(ctx: mp.context.BaseContext, task: Task, *, setup: Callable[[], None] | None = None,
+          env: dict[str, str] | None = None, init: str | None = None, hint: str) -> Worker:
+    """:func:`launch`, then wait for the worker's READY (RlxError, with ``hint``, if it cannot
+    start)."""
+    w = launch(ctx, task, setup=setup, env=env, init=init)
+    w.await_ready(hint)
+    return w
 
 
 def wait_any(workers: Iterable[Worker], timeout: float) -> list[Any]:
