@@ -441,6 +441,11 @@ class Backend:
         symbol scope before anything else."""
         return {}
 
+    def warm_up(self, devices: Iterable[str]) -> None:
+        """Make this process ready to run cases on ``devices`` (a device's start-up, the first
+        use's costs): a runner's worker calls it before it reports ready, so that a spare worker
+        takes a crashed one's place at once. Nothing by default."""
+
     def variant_env(self, variant: str) -> dict[str, str]:
         """Environment a worker process needs for ``variant``, set before the backend loads."""
         return {}

@@ -86,3 +86,10 @@ def global_symbol(message, send):
     import ctypes
 
     return hasattr(ctypes.CDLL(None), message)
+
+
+def has_module(message, send):
+    """A worker task: whether the module ``message`` is loaded in this process."""
+    import sys
+
+    return message in sys.modules

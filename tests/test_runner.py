@@ -303,7 +303,7 @@ def test_workers_share_the_cores_among_their_blas_threads(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert runner.blas_threads(2) is None
     ctx = worker.context()
-    w = worker.start(ctx, kt.blas_threads, setup=functools.partial(runner._quiet, 1), hint="")
+    w = worker.start(ctx, kt.blas_threads, setup=functools.partial(runner._setup, 1), hint="")
     try:
         w.conn.send("threads?")
         tag, counts = w.conn.recv()
@@ -319,7 +319,7 @@ def test_prestarted_forkserver_serves_the_workers():
 
     worker.prestart()
     worker.prestart()
-    w = worker.start(worker.context(), kt.blas_threads, setup=functools.partial(runner._quiet, 1), hint="")
+    w = worker.start(worker.context(), kt.blas_threads, setup=functools.partial(runner._setup, 1), hint="")
     try:
         w.conn.send("threads?")
         assert w.conn.recv()[0] is not None
@@ -440,3 +440,20 @@ def test_spares_start_after_a_crash_only_and_end_with_the_run(monkeypatch):
     assert crashes >= 2 and len(results) == len(cases)
     assert len(spawned) == 2 + len(replaced) + 1, "one spare (2 workers) kept starting from the first replacement on"
     assert r._spares == [] and not any(w.proc.is_alive() for w in spawned), "every worker and spare ended"
+
+
+def test_a_worker_loads_and_warms_up_its_backends_before_it_is_ready():
+    """So that a spare takes a crashed worker's place ready to run (MLX's import and CUDA's
+    start-up are not left to its first case); the forkserver itself never imports MLX."""
+    from rlx_conformance.backends import get_backend
+    from rlx_conformance.run import worker
+
+    for devices, expected in ((None, False), ({"mlx": ["cpu", "gpu"]}, True)):
+        w = worker.start(worker.context(), kt.has_module, setup=functools.partial(runner._setup, None, devices),
+                         hint="")
+        try:
+            w.send("mlx.core")
+            assert w.conn.recv() == (worker.DONE, expected)
+        finally:
+            worker.stop([w])
+    get_backend("mlx").warm_up(["cpu", "gpu"])  # a device the machine lacks is left alone

@@ -138,17 +138,23 @@ def blas_threads(workers: int) -> int | None:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
-def _quiet(threads: int | None = None) -> None:
-    """Worker setup. The reference meets singular matrices, empty means and overflow on purpose;
-    numpy's and scipy's warnings about them would only bury the run's own output. ``threads``:
-    the BLAS thread limit (:func:`blas_threads`), set through threadpoolctl, since the worker's
-    numpy was loaded by the forkserver before the worker's environment existed (its OpenBLAS
-    read OPENBLAS_NUM_THREADS then)."""
+def _setup(threads: int | None = None, devices: dict[str, list[str]] | None = None) -> None:
+    """Worker setup, before the worker reports ready. The reference meets singular matrices, empty
+    means and overflow on purpose; numpy's and scipy's warnings about them would only bury the
+    run's own output. ``threads``: the BLAS thread limit (:func:`blas_threads`), set through
+    threadpoolctl, since the worker's numpy was loaded by the forkserver before the worker's
+    environment existed (its OpenBLAS read OPENBLAS_NUM_THREADS then). ``devices``: per backend,
+    the devices the run's cases use: each backend is loaded and warmed up on them
+    (Backend.warm_up: MLX's import and CUDA's start-up, 1-4 s on an H100 host), so that a spare
+    worker replacing a crashed one is ready to run at once, and a worker's first case is timed
+    like the others."""
     warnings.simplefilter("ignore")
     if threads:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(threads, user_api="blas")
+    for name, devs in (devices or {}).items():
+        get_backend(name).warm_up(devs)
 
 
 def _phase(board, i: int, kind: str, ref_s: float | None = None) -> None:
@@ -241,6 +247,7 @@ class Runner:
         self._split = False  # already one environment's share of a run (see run)
         self._ctx = worker.context()
         self._spares: list[_Worker] = []  # launched replacements in waiting (_fresh)
+        self._devices: dict[str, list[str]] = {}  # per backend, the devices of the cases run (_setup)
 
     def _tasks(self, cases: Sequence[Case]) -> deque[list[Case]]:
         """Tasks of ~task_size cases; cases sharing an input id stay together (one reference).
@@ -284,7 +291,8 @@ class Runner:
         every other worker (benchmarks/bench_worker_churn.py)."""
         board = self._ctx.Array("d", 4, lock=False)  # the worker's phase board (_phase)
         w = worker.launch(self._ctx, functools.partial(_run_task, self.bundles, board),
-                          setup=functools.partial(_quiet, blas_threads(self.workers)), env=self.env, init=self.init)
+                          setup=functools.partial(_setup, blas_threads(self.workers), self._devices),
+                          env=self.env, init=self.init)
         return _Worker(w.proc, w.conn, ready=False, since=w.since, board=board)
 
     def _fresh(self) -> _Worker:
@@ -331,6 +339,8 @@ class Runner:
                 yield from self._run_in_process(cases)
             return
         tasks = self._tasks(cases)
+        self._devices = {b: sorted({c.target.device for c in cases if c.target.backend == b})
+                         for b in sorted({c.target.backend for c in cases})}
         pool: list[_Worker] = []
         try:
             for _ in range(min(self.workers, len(tasks))):  # launched together: they start side by side
