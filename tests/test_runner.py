@@ -457,3 +457,19 @@ def test_a_worker_loads_and_warms_up_its_backends_before_it_is_ready():
         finally:
             worker.stop([w])
     get_backend("mlx").warm_up(["cpu", "gpu"])  # a device the machine lacks is left alone
+
+
+def test_a_failing_warm_up_is_left_to_the_cases(monkeypatch):
+    """The warm-up is an optimisation: where it fails, the worker starts and runs its cases, which
+    report what fails (here nothing), as before it existed."""
+    from rlx_conformance.backends import get_backend
+
+    calls = []
+
+    def fails(self, devices):
+        calls.append(devices)
+        raise RuntimeError("deliberately failing warm-up (a device that cannot start)")
+
+    monkeypatch.setattr(type(get_backend("mlx")), "warm_up", fails)
+    runner._setup(None, {"mlx": ["cpu"]})  # no exception
+    assert calls == [["cpu"]]

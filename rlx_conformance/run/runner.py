@@ -151,14 +151,18 @@ def _setup(threads: int | None = None, devices: dict[str, list[str]] | None = No
     the devices the run's cases use: each backend is loaded and warmed up on them
     (Backend.warm_up: MLX's import and CUDA's start-up, 1-4 s on an H100 host), so that a spare
     worker replacing a crashed one is ready to run at once, and a worker's first case is timed
-    like the others."""
+    like the others. A warm-up that fails is left to the cases to report (each, as before),
+    never a worker that cannot start."""
     warnings.simplefilter("ignore")
     if threads:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(threads, user_api="blas")
     for name, devs in (devices or {}).items():
-        get_backend(name).warm_up(devs)
+        try:
+            get_backend(name).warm_up(devs)
+        except Exception:  # noqa: BLE001 — an optimisation only: the cases report what fails, as before
+            pass
 
 
 def _phase(board, i: int, kind: str, ref_s: float | None = None) -> None:
