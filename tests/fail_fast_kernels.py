@@ -53,13 +53,19 @@ def loses_cuda_context(x):
     return mx.negative(x)
 
 
-def install_cuda_neg() -> None:
-    """Runner init hook: MLX's ``neg`` becomes :func:`loses_cuda_context` in this worker."""
+def replace_mlx_neg(fn) -> None:
+    """MLX's ``neg`` becomes ``fn`` in this process, with the original per-device dtype claims:
+    only the behaviour changes, not the declaration (the Runner init hooks here and in
+    kernels_for_tests.py)."""
     from rlx_conformance.backends import get_backend
 
     mlx = get_backend("mlx")
-    old = mlx.kernels["neg"]
-    mlx.register("neg", loses_cuda_context, devices=dict(old.dtypes), replace=True, origin="tests")
+    mlx.register("neg", fn, devices=dict(mlx.kernels["neg"].dtypes), replace=True, origin="tests")
+
+
+def install_cuda_neg() -> None:
+    """Runner init hook: MLX's ``neg`` becomes :func:`loses_cuda_context` in this worker."""
+    replace_mlx_neg(loses_cuda_context)
 
 
 def aborts_on_odd_sizes(x):
@@ -75,8 +81,4 @@ def aborts_on_odd_sizes(x):
 
 def install_neg_aborts_on_odd_sizes() -> None:
     """Runner init hook: MLX's ``neg`` becomes :func:`aborts_on_odd_sizes` in this worker."""
-    from rlx_conformance.backends import get_backend
-
-    mlx = get_backend("mlx")
-    old = mlx.kernels["neg"]
-    mlx.register("neg", aborts_on_odd_sizes, devices=dict(old.dtypes), replace=True, origin="tests")
+    replace_mlx_neg(aborts_on_odd_sizes)

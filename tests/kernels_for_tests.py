@@ -12,6 +12,8 @@ import os
 import signal
 import time
 
+from fail_fast_kernels import replace_mlx_neg  # tests/ is on the path wherever this module is
+
 # Sizes of the unary shape families in cases/shapes/core.toml (scalar and "one" both have size 1,
 # so neither is used).
 SEGV_SIZE = 7  # "odd", [[7]]: killed by SIGSEGV, as by a fault in native code
@@ -34,12 +36,7 @@ def broken_neg(x):
 
 
 def install_broken_neg() -> None:
-    from rlx_conformance.backends import get_backend
-
-    mlx = get_backend("mlx")
-    old = mlx.kernels["neg"]
-    # Keep the original per-device dtype claims: only the behaviour changes, not the declaration.
-    mlx.register("neg", broken_neg, devices=dict(old.dtypes), replace=True, origin="tests")
+    replace_mlx_neg(broken_neg)
 
 
 def broken_init() -> None:
@@ -65,11 +62,7 @@ def poisoning_neg(x):
 
 
 def install_poisoning_neg() -> None:
-    from rlx_conformance.backends import get_backend
-
-    mlx = get_backend("mlx")
-    old = mlx.kernels["neg"]
-    mlx.register("neg", poisoning_neg, devices=dict(old.dtypes), replace=True, origin="tests")
+    replace_mlx_neg(poisoning_neg)
 
 
 def blas_threads(message, send):
