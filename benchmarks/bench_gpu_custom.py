@@ -15,8 +15,7 @@ at least --min-time/10 s and 10 samples at least --min-time s; the table gives t
 the p10-p90 spread of the samples.
 
 Columns: ``cuda``: the MLX kernel on the GPU stream with the CUDA kernels
-(backends/mlx/cuda_kernels.py); ``cuda_sort``: the scatters' previous design
-(RLX_MLX_CUDA_SCATTER=sort: mx.sort of the keys); ``composed``: the same with RLX_MLX_CUDA_KERNELS=0 (MLX ops
+(backends/mlx/cuda_kernels.py); ``composed``: the same with RLX_MLX_CUDA_KERNELS=0 (MLX ops
 only); ``anchor``: what a CUDA user would call instead: ``cupy.take`` (gathers; GatherND as
 ``take`` of rows), ``cupy.add.at`` (atomic scatter-add, nondeterministic), cuSPARSE CSR SpMV
 through ``cupyx.scipy.sparse.csr_matrix @ x`` (mat_vec), and ``u[rows] * v[cols]`` with the row
@@ -27,7 +26,7 @@ Sizes are elements of the index/data arrays for the ONNX ops (float32 data, int6
 scatters with reduction add over random indices, so duplicates accumulate; GatherND/ScatterND
 gather or scatter rows of 16 floats) and stored nonzeros for mat_vec / values_grad / cg_solve
 (random banded CSR, 8 entries a row, diagonally dominant). ``GB/s`` is the op's minimal traffic
-(each input read once, each output written once; the deterministic scatter's keys and sort not
+(each input read once, each output written once; the deterministic scatter's linked lists not
 counted) over the median time, ``%peak`` that against the H200's HBM3e peak of 4.8 TB/s.
 ``stable`` says whether three runs gave bit-identical results (cuda / composed), checked at the
 smallest size. ``--processes N`` runs the whole measurement in N fresh processes, one after
@@ -54,7 +53,6 @@ from pathlib import Path
 import numpy as np
 
 PEAK_GBS = 4800.0
-SCATTER_ENV = "RLX_MLX_CUDA_SCATTER"  # cuda_kernels.SCATTER_ENV (absent from older versions)
 ROW = 16  # GatherND / ScatterND slice width
 
 
@@ -232,8 +230,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1e6,1e7,1e8")
     ap.add_argument("--min-time", type=float, default=0.2, help="seconds of samples a column")
     ap.add_argument("--ops", default="onnx.*,rlx_sparse.mat_vec,rlx_sparse.values_grad,rlx_sparse.cg_solve")
-    ap.add_argument("--columns", default="cuda,cuda_sort,composed,anchor",
-                    help="columns to measure (cuda_sort: the scatters with RLX_MLX_CUDA_SCATTER=sort)")
+    ap.add_argument("--columns", default="cuda,composed,anchor", help="columns to measure")
     ap.add_argument("--json", default=None)
     ap.add_argument("--tag", default="", help="a label stored in the JSON (e.g. before/after)")
     ap.add_argument("--processes", type=int, default=1,
@@ -269,7 +266,6 @@ def main() -> None:
           f"{'GB/s':>7} {'%peak':>6} stable", flush=True)
     def measure_mlx(r, col, op, entry, margs, attrs, check_stable: bool) -> None:
         os.environ[ck.ENV] = "0" if col == "composed" else "1"
-        os.environ[SCATTER_ENV] = "sort" if col == "cuda_sort" else "count"
         try:
             with mx.stream(dev):
                 if op == "rlx_sparse.cg_solve":
@@ -283,7 +279,6 @@ def main() -> None:
                                       for o in outs[1:])
         finally:
             os.environ[ck.ENV] = "1"
-            os.environ.pop(SCATTER_ENV, None)
 
     rows = []
     for op in ops:
@@ -296,8 +291,6 @@ def main() -> None:
                 mx.eval(margs)
             for col in cols:
                 r = {"op": op, "size": size, "col": col, "bytes": nbytes}
-                if col == "cuda_sort" and "Scatter" not in op:
-                    continue
                 try:
                     if col == "anchor":
                         fn = anchor_fn(op, ins, attrs)

@@ -5,8 +5,7 @@ Without a CUDA GPU (CI, the development machines) the kernels' host side is stil
 same loops, mx.sort replaced by np.sort), on the matrix's own cases of each op, and the result
 must equal the CPU reference bit for bit (mat_vec: within the op's own judge). On MLX's CUDA
 build the real kernels run the same cases on the GPU, in every mode, against the reference, and
-twice more to show the results are bit-identical run to run (the scatters both ways, counting
-and sort). tests/test_cuda_kernels.py also compiles nothing: the CUDA sources are checked by the
+twice more to show the results are bit-identical run to run. tests/test_cuda_kernels.py also compiles nothing: the CUDA sources are checked by the
 GPU tests, and by ``nvcc`` where one is installed (test_sources_compile_with_nvcc).
 """
 from __future__ import annotations
@@ -104,46 +103,30 @@ def _emulate(pl):
         for j in range(k):
             off += _fix(idx[t * k + j], sizes[j]) * strides[j]
         return ins[0].reshape(-1)[off].reshape(pl["out_shape"])
-    if name in ("scatter_keys", "scatter_count", "scatter_place"):
-        M, B = p[:2]
+    if name == "scatter_link":  # the exchanges run in any order: a shuffled one here
+        M = p[0]
         m = np.arange(M, dtype=np.int64)
-        t = _target(dict(pl["templates"])["KIND"], m, ins[0].reshape(-1).astype(np.int64), p[2:])
-        N = pl["outputs"][1 if name == "scatter_keys" else 0][0][0]
+        t = _target(dict(pl["templates"])["KIND"], m, ins[0].reshape(-1).astype(np.int64), p[1:])
+        N = pl["outputs"][0][0][0]
         assert pl["init"] == 0 and (t >= 0).all() and (t < N).all()
-        if name == "scatter_keys":
-            assert pl["outputs"][1][1] == "uint8" and B == ck.key_bits(M) and M <= (1 << B)
-            hit = np.zeros(N, np.uint8)
-            hit[t] = 1
-            return ((t << B) | m).astype(pl["out_dtype"]), hit
-        if name == "scatter_count":
-            return np.bincount(t, minlength=N).astype(pl["out_dtype"])
-        start = ins[1].astype(np.int64)
-        cursor, perm = np.zeros(N, np.int64), np.zeros(M, np.int64)
-        for j in np.random.default_rng(M).permutation(M):  # atomics hand out slots in any order
-            perm[start[t[j]] + cursor[t[j]]] = j
-            cursor[t[j]] += 1
-        return cursor.astype(pl["out_dtype"]), perm.astype(pl["out_dtype"])
-    if name == "scatter_runs":
+        assert pl["outputs"][1] == ((M,), pl["out_dtype"])
+        head, nxt = np.zeros(N, np.int64), np.zeros(M, np.int64)
+        for j in np.random.default_rng(M).permutation(M):
+            nxt[j], head[t[j]] = head[t[j]], j + 1
+        return head.astype(pl["out_dtype"]), nxt.astype(pl["out_dtype"])
+    if name == "scatter_walk":
         N, M, red = p
-        data, upd, count, start, perm = (x.reshape(-1) for x in ins)
+        data, upd, head, nxt = (x.reshape(-1) for x in ins)
         out = data.copy()
         with np.errstate(all="ignore"):
-            for i in np.flatnonzero(count):
-                for j in sorted(perm[start[i]:start[i] + count[i]]):  # the kernel's sort
+            for i in np.flatnonzero(head):
+                run, e = [], int(head[i])
+                while e:  # the list: positions + 1, 0 ends it
+                    run.append(e - 1)
+                    e = int(nxt[e - 1])
+                for j in sorted(run):  # the kernel's sort (registers or the list's merge sort)
                     out[i] = _reduce(red, out[i], upd[j], out.dtype)
         return out.reshape(pl["out_shape"]), np.zeros(M, pl["outputs"][1][1])
-    if name == "scatter_apply":
-        N, M, red, B = p
-        data, upd, keys, hit = (x.reshape(-1) for x in ins)
-        out = np.where(hit.astype(bool), np.zeros_like(data), data)  # targeted cells: from runs
-        assert pl["grid"][0] >= max(N, M)
-        with np.errstate(all="ignore"):
-            for j, key in enumerate(keys.astype(np.int64)):  # sorted: by target, then position
-                i, m = int(key) >> B, int(key) & ((1 << B) - 1)
-                if j == 0 or (int(keys[j - 1]) >> B) != i:
-                    out[i] = data[i]  # a run's first update starts from data
-                out[i] = _reduce(red, out[i], upd[m], out.dtype)
-        return out.reshape(pl["out_shape"])
     if name == "spmv":
         n, ncols, nnz = p
         values, col, rp, x = ins
@@ -172,7 +155,7 @@ def _emulate(pl):
     raise KeyError(name)
 
 
-def _emulated_op(op, inputs, attrs, method="count"):
+def _emulated_op(op, inputs, attrs):
     """The CUDA path of the op, each launch emulated; inputs are numpy (compute dtypes)."""
     a = [to_mlx(x, dt.name_of(x.dtype)) for x in inputs]
     if op == "onnx.GatherElements":
@@ -184,15 +167,9 @@ def _emulated_op(op, inputs, attrs, method="count"):
         idx, ax = (a[1], attrs["axis"] % a[0].ndim) if op == "onnx.ScatterElements" else \
             (a[1].reshape(-1, a[1].shape[-1]), None)
         M = a[2].size
-        if method == "sort":
-            keys, hit = _emulate(ck.plan_scatter_keys(data, idx, ax, M))
-            return _emulate(ck.plan_scatter_apply(data, upd, mx.array(np.sort(keys)), mx.array(hit),
-                                                  attrs["reduction"]))
-        count = _emulate(ck.plan_scatter_count(data, idx, ax, M))
-        start = np.asarray(ck.exclusive_scan(mx.array(count)))
-        _, perm = _emulate(ck.plan_scatter_place(data, idx, ax, M, mx.array(start)))
-        return _emulate(ck.plan_scatter_runs(data, upd, mx.array(count), mx.array(start),
-                                             mx.array(perm), attrs["reduction"]))[0]
+        head, nxt = _emulate(ck.plan_scatter_link(data, idx, ax, M))
+        return _emulate(ck.plan_scatter_walk(data, upd, mx.array(head), mx.array(nxt),
+                                             attrs["reduction"]))[0]
     if op == "rlx_sparse.mat_vec":
         return _emulate(ck.plan_spmv(*a))
     if op == "rlx_sparse.values_grad":
@@ -207,11 +184,10 @@ def _judge(case, inputs, expected, actual):
     return ok, "; ".join(c.message for c in comps if c.message)
 
 
-@pytest.mark.parametrize("op", OPS[:-1] + ["onnx.ScatterElements:sort", "onnx.ScatterND:sort"])
+@pytest.mark.parametrize("op", OPS[:-1])
 def test_emulated_kernels_match_the_reference(op):
-    """The plans' params, grids and key encodings, executed in numpy, reproduce the reference
-    (the scatters both ways: counting, its atomics emulated in a shuffled order, and sort)."""
-    op, _, method = op.partition(":")
+    """The plans' params, grids and target encodings, executed in numpy, reproduce the reference
+    (the scatters' atomics emulated in a shuffled order)."""
     spec = get_op(op)
     n = 0
     for case in _cases(op):
@@ -226,17 +202,16 @@ def test_emulated_kernels_match_the_reference(op):
             continue  # the kernels are not launched on empty inputs (custom.py returns early)
         if op == "rlx_sparse.mat_vec" and (inputs[0].size == 0 or expected.size > 400):
             continue  # the emulated shuffle tree runs in Python: keep it small
-        actual = _emulated_op(op, inputs, case.attr_dict, method or "count").astype(expected.dtype)
+        actual = _emulated_op(op, inputs, case.attr_dict).astype(expected.dtype)
         ok, msg = _judge(case, inputs, [expected], [actual])
         assert ok, f"{case.id}: {msg}"
         n += 1
     assert n > 0
 
 
-@pytest.mark.parametrize("method", ["count", "sort"])
 @pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND"])
-def test_emulated_scatters_apply_duplicates_in_update_order(op, method):
-    """Many duplicates a cell (runs past RUN, so the heapsort branch), every reduction, float32
+def test_emulated_scatters_apply_duplicates_in_update_order(op):
+    """Many duplicates a cell (runs past RUN, so the long-run branch), every reduction, float32
     and int64: the emulated kernels give the reference's bits exactly, i.e. the updates of a
     cell are applied in update order whatever order the atomics hand out the slots."""
     rng = np.random.default_rng(7)
@@ -253,14 +228,12 @@ def test_emulated_scatters_apply_duplicates_in_update_order(op, method):
                 ins = [draw((40, 3)), rng.integers(-40, 40, (m, 1)), draw((m, 3))]
                 attrs = {"reduction": red}
             (expected,) = CPU.run(op, [x.copy() for x in ins], attrs)
-            actual = np.asarray(_emulated_op(op, ins, attrs, method))
+            actual = np.asarray(_emulated_op(op, ins, attrs))
             assert np.array_equal(expected.view(np.uint8), actual.astype(expected.dtype).view(np.uint8)), \
                 (red, dtype)
 
 
-def test_key_dtype_and_lanes():
-    assert ck.key_dtype(2**16, 2**15) == "int32" and ck.key_dtype(2**16, 2**15 + 1) == "int64"
-    assert [ck.key_bits(m) for m in (0, 1, 2, 3, 4, 5, 2**20, 2**20 + 1)] == [1, 1, 1, 2, 2, 3, 20, 21]
+def test_lanes():
     assert [ck.lanes(10, k) for k in (0, 10, 11, 80, 10**6)] == [1, 1, 2, 8, 32]
     assert not ck.available() or mx.default_device().type == mx.gpu
 
@@ -273,23 +246,6 @@ def test_params_arrays_are_made_once_per_parameter_vector(monkeypatch):
     monkeypatch.setattr(ck, "PARAMS_CACHE", 2)
     ck.params_array([9])  # the cache is full: cleared, then this one kept
     assert list(ck._params) == [(9,)]
-
-
-@pytest.mark.parametrize("n", [1, 5, ck.SCAN_ROW, ck.SCAN_ROW + 1, 3 * ck.SCAN_ROW - 7, 10 * ck.SCAN_ROW])
-@pytest.mark.parametrize("dtype", ["int32", "int64"])
-def test_exclusive_scan(n, dtype):
-    a = np.random.default_rng(n).integers(0, 5, n).astype(dtype)
-    got = ck.exclusive_scan(mx.array(a))
-    assert got.dtype == getattr(mx, dtype) and got.shape == (n,)
-    assert np.array_equal(np.asarray(got), np.concatenate([[0], np.cumsum(a)[:-1]]).astype(dtype))
-
-
-def test_scatter_method_switch(monkeypatch):
-    monkeypatch.delenv(ck.SCATTER_ENV, raising=False)
-    assert ck.scatter_method() == "count"
-    for v, want in (("sort", "sort"), (" SORT ", "sort"), ("count", "count"), ("bogus", "count")):
-        monkeypatch.setenv(ck.SCATTER_ENV, v)
-        assert ck.scatter_method() == want
 
 
 def test_inactive_without_cuda_or_when_disabled(monkeypatch):
@@ -337,15 +293,9 @@ _NVCC = {
                         [("T", "float32"), ("I", "int64"), ("IDX", "int32")]),
     "gather_nd": (["float32", "int64"], ["float32"],
                   [("T", "float32"), ("I", "int64"), ("IDX", "int64")]),
-    "scatter_keys": (["int64"], ["int64", "uint8"],
-                     [("I", "int64"), ("IDX", "int32"), ("KIND", 0), ("K", "int64")]),
-    "scatter_count": (["int32"], ["int64"], [("I", "int32"), ("IDX", "int64"), ("KIND", 1)]),
-    "scatter_place": (["int64", "int32"], ["int32", "int32"],
-                      [("I", "int64"), ("IDX", "int32"), ("KIND", 0)]),
-    "scatter_runs": (["int64", "int64", "int64", "int64", "int64"], ["int64", "int64"],
-                     [("T", "int64"), ("U", "uint64"), ("IDX", "int64"), ("RUN", 16)]),
-    "scatter_apply": (["float32", "float32", "int64", "uint8"], ["float32"],
-                      [("T", "float32"), ("U", "float32"), ("K", "int64"), ("IDX", "int32")]),
+    "scatter_link": (["int64"], ["int64", "int64"], [("I", "int64"), ("IDX", "int64"), ("KIND", 1)]),
+    "scatter_walk": (["float32", "float32", "int32", "int32"], ["float32", "int32"],
+                     [("T", "float32"), ("U", "float32"), ("IDX", "int32"), ("RUN", 16)]),
     "spmv": (["float32", "int32", "int32", "float32"], ["float32"],
              [("T", "float32"), ("C", "int32"), ("R", "int32"), ("X", "float32"), ("L", 8),
               ("IDX", "int32")]),
@@ -404,13 +354,10 @@ def test_cuda_kernels_match_the_reference_on_the_gpu(op, mode):
 
 
 @on_cuda
-@pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND", "rlx_sparse.mat_vec",
-                                "onnx.ScatterElements:sort", "onnx.ScatterND:sort"])
-def test_cuda_kernels_are_bit_stable(op, monkeypatch):
-    """Scatter-add with many duplicates and a long-row SpMV: three runs, identical bits (the
-    scatters both ways: counting, the default, and RLX_MLX_CUDA_SCATTER=sort)."""
-    op, _, method = op.partition(":")
-    monkeypatch.setenv(ck.SCATTER_ENV, method or "count")
+@pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND", "rlx_sparse.mat_vec"])
+def test_cuda_kernels_are_bit_stable(op):
+    """Scatter-add with many duplicates (~3,000 a cell: the walk's merge sort) and a long-row
+    SpMV: three runs, identical bits."""
     mlx = backends.get_backend("mlx")
     rng = np.random.default_rng(0)
     if op == "rlx_sparse.mat_vec":
@@ -476,7 +423,7 @@ def test_static_plans_are_made_once_per_shapes_dtypes_and_attributes(monkeypatch
     """A plan's static part is cached (the host path of a 10^6-element gather was half of its
     call): the same shapes, dtypes and attributes share it, each call keeps its own inputs, and
     anything the static part depends on (here a scatter's data shape, which is not among the
-    count kernel's inputs) separates the entries."""
+    link kernel's inputs) separates the entries."""
     monkeypatch.setattr(ck, "_plans", {})
     d1, d2 = mx.zeros((4, 5)), mx.ones((4, 5))
     i1, i2 = mx.zeros((3, 5), mx.int64), mx.ones((3, 5), mx.int64)
@@ -484,8 +431,8 @@ def test_static_plans_are_made_once_per_shapes_dtypes_and_attributes(monkeypatch
     assert a["call"] is b["call"] and a["inputs"] == [d1, i1] and b["inputs"] == [d2, i2]
     assert ck.plan_gather_elements(d1, i1, 1)["params"] != a["params"]
     assert ck.plan_gather_elements(d1.astype(mx.float16), i1, 0)["out_dtype"] == "float16"
-    c4 = ck.plan_scatter_count(mx.zeros((4, 5)), i1, 0, 15)
-    c6 = ck.plan_scatter_count(mx.zeros((6, 5)), i1, 0, 15)
+    c4 = ck.plan_scatter_link(mx.zeros((4, 5)), i1, 0, 15)
+    c6 = ck.plan_scatter_link(mx.zeros((6, 5)), i1, 0, 15)
     assert c4["out_shape"] == (20,) and c6["out_shape"] == (30,)
     monkeypatch.setattr(ck, "PLANS_CACHE", 1)
     ck.plan_gather_nd(d1, mx.zeros((2, 1), mx.int64), 0)  # the cache is full: cleared, then kept

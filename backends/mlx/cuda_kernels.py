@@ -9,15 +9,14 @@ nondeterministic parts:
   from the index values in the kernel (no coordinate arrays materialised as the composed version
   does with broadcast aranges).
 * ``scatter`` (ScatterElements and ScatterND, every reduction): deterministic, the updates of
-  each cell applied in update order, as the CPU reference (numpy ``ufunc.at``) does. A counting
-  sort by target: ``scatter_count`` counts each cell's updates (integer atomics, whose result
-  does not depend on their order), :func:`exclusive_scan` gives each cell's start,
-  ``scatter_place`` writes each update's position into its cell's slots (in whatever order the
-  atomics hand them out), and
-  ``scatter_runs`` gives each cell one thread that sorts its positions (in registers up to
-  :data:`RUN`, else a heapsort in a scratch array) and applies them in order onto ``data``. The
-  previous design, ``mx.sort`` of the keys ``target << B | m`` and one thread a run of the sorted
-  keys, stays behind RLX_MLX_CUDA_SCATTER=sort (same results; the benchmark compares the two).
+  each cell applied in update order, as the CPU reference (numpy ``ufunc.at``) does. Two
+  kernels: ``scatter_link`` threads each cell's updates into a linked list with atomic
+  exchanges (the lists' order depends on the atomics, their contents do not), and
+  ``scatter_walk`` gives each cell one thread that walks its list, sorts the positions (in
+  registers up to :data:`RUN`, else a merge sort of the list in place) and applies them in order
+  onto ``data``. It replaced a counting sort by target (four kernels and a scan, each an MLX
+  launch: 2.1-2.3x slower on an H100, benchmarks/README.md), which had replaced ``mx.sort`` of
+  the keys ``target << B | m``.
   So float add/mul give the same bits run to run (MLX's composed scatter uses float atomics,
   whose order varies), max/min propagate NaN as numpy ``maximum``/``minimum`` do, integers wrap,
   and int64 works (MLX's GPU scatter rejects int64). With reduction ``none`` the last duplicate
@@ -68,7 +67,7 @@ from typing import Any
 import mlx.core as mx
 
 ENV = "RLX_MLX_CUDA_KERNELS"
-VERSION = "v3"
+VERSION = "v6"
 BLOCK = 256
 MAX_THREADS = 1 << 30  # grid-stride kernels launch at most this many threads
 
@@ -96,7 +95,7 @@ __device__ __forceinline__ T rlx_reduce(int red, T acc, T u) {
     default: return (acc <= u || acc != acc) ? acc : u;
   }
 }
-// The scatter target (flat cell of data) of update m; q = p + 2 (after M and B). KIND 0:
+// The scatter target (flat cell of data) of update m; q = p + 1 (after M). KIND 0:
 // ScatterElements, q: r, ax, axis size, ishape[r], dstride[r]; KIND 1: ScatterND over
 // idx [P, k], q: k, S, sizes[k], strides[k].
 template <int KIND, typename I, typename IDX>
@@ -127,34 +126,37 @@ __device__ __forceinline__ IDX rlx_target(IDX m, const I* idx, const int64_t* q)
     return t;
   }
 }
-__device__ __forceinline__ int rlx_atomic_inc(int* a) { return atomicAdd(a, 1); }
-__device__ __forceinline__ long long rlx_atomic_inc(long* a) {
-  return (long long)atomicAdd((unsigned long long*)a, 1ull);
+__device__ __forceinline__ int rlx_atomic_exch(int* a, int v) { return atomicExch(a, v); }
+__device__ __forceinline__ long long rlx_atomic_exch(long* a, long v) {
+  return (long long)atomicExch((unsigned long long*)a, (unsigned long long)v);
 }
-__device__ __forceinline__ long long rlx_atomic_inc(long long* a) {
-  return (long long)atomicAdd((unsigned long long*)a, 1ull);
+__device__ __forceinline__ long long rlx_atomic_exch(long long* a, long long v) {
+  return (long long)atomicExch((unsigned long long*)a, (unsigned long long)v);
 }
+// Sorts the singly linked list that starts at node ``list`` ascending, in place: a node is an
+// update position + 1, L[node - 1] the next node, 0 the end. Bottom-up merge sort of a list
+// (Tatham's): O(n log n) and no memory beyond the links. Returns the new first node.
 template <typename IDX>
-__device__ void rlx_sift(IDX* a, IDX i, IDX n) {
-  const IDX v = a[i];
-  for (;;) {
-    IDX c = 2 * i + 1;
-    if (c >= n) break;
-    if (c + 1 < n && a[c + 1] > a[c]) ++c;
-    if (a[c] <= v) break;
-    a[i] = a[c];
-    i = c;
-  }
-  a[i] = v;
-}
-template <typename IDX>
-__device__ void rlx_heapsort(IDX* a, IDX n) {  // ascending, in place, O(n log n), no recursion
-  for (IDX i = n / 2; i-- > 0;) rlx_sift(a, i, n);
-  for (IDX e = n - 1; e > 0; --e) {
-    const IDX t = a[0];
-    a[0] = a[e];
-    a[e] = t;
-    rlx_sift(a, (IDX)0, e);
+__device__ IDX rlx_list_sort(IDX* L, IDX list) {
+  for (IDX k = 1;; k *= 2) {
+    IDX p = list, tail = 0, merges = 0;
+    list = 0;
+    while (p != 0) {
+      ++merges;
+      IDX q = p, ps = 0, qs = k;
+      for (IDX i = 0; i < k && q != 0; ++i) { ++ps; q = L[q - 1]; }
+      while (ps > 0 || (qs > 0 && q != 0)) {
+        IDX e;
+        if (ps == 0) { e = q; q = L[q - 1]; --qs; }
+        else if (qs == 0 || q == 0 || p < q) { e = p; p = L[p - 1]; --ps; }
+        else { e = q; q = L[q - 1]; --qs; }
+        if (tail != 0) L[tail - 1] = e; else list = e;
+        tail = e;
+      }
+      p = q;
+    }
+    L[tail - 1] = 0;
+    if (merges <= 1) return list;
   }
 }
 """
@@ -200,95 +202,53 @@ SOURCES = {
     out[e] = data[off];
   }
 """,
-    # The sort path. idx [I], p: M, B, then rlx_target's q -> keys [K] (M): target << B | m;
-    # hit [uint8] (N, zero-initialised): 1 where some update lands
-    "scatter_keys": r"""
-  const IDX M = (IDX)p[0];
-  const int B = (int)p[1];
-  const IDX step = (IDX)gridDim.x * blockDim.x;
-  for (IDX m = (IDX)blockIdx.x * blockDim.x + threadIdx.x; m < M; m += step) {
-    const IDX t = rlx_target<KIND, I, IDX>(m, idx, p + 2);
-    keys[m] = (K)(((rlx_i64)t << B) | (rlx_i64)m);
-    hit[t] = 1;
-  }
-""",
-    # The counting path, 1 of 3. idx [I], p as scatter_keys -> count [IDX] (N, zero-initialised):
-    # the updates of each cell (integer atomics: the counts do not depend on their order)
-    "scatter_count": r"""
+    # The scatters, 1 of 2. idx [I], p: M, then rlx_target's q -> head [IDX] (N),
+    # next [IDX] (M), zero-initialised: each cell's updates as a linked list of positions + 1
+    # (head[t] the first, next[m] the one after m, 0 the end), in whatever order the atomics run
+    "scatter_link": r"""
   const IDX M = (IDX)p[0];
   const IDX step = (IDX)gridDim.x * blockDim.x;
   for (IDX m = (IDX)blockIdx.x * blockDim.x + threadIdx.x; m < M; m += step) {
-    rlx_atomic_inc(&count[rlx_target<KIND, I, IDX>(m, idx, p + 2)]);
+    next[m] = (IDX)rlx_atomic_exch(&head[rlx_target<KIND, I, IDX>(m, idx, p + 1)], m + 1);
   }
 """,
-    # 2 of 3. idx [I], start [IDX] (N, exclusive prefix sum of count), p as scatter_keys
-    # -> cursor [IDX] (N), perm [IDX] (M), zero-initialised: each cell's updates in
-    # perm[start, start + count), in the (unspecified) order the atomics hand out the slots
-    "scatter_place": r"""
-  const IDX M = (IDX)p[0];
-  const IDX step = (IDX)gridDim.x * blockDim.x;
-  for (IDX m = (IDX)blockIdx.x * blockDim.x + threadIdx.x; m < M; m += step) {
-    const IDX t = rlx_target<KIND, I, IDX>(m, idx, p + 2);
-    perm[start[t] + (IDX)rlx_atomic_inc(&cursor[t])] = m;
-  }
-""",
-    # 3 of 3. data [T] (N), upd [T] (M), count, start [IDX] (N), perm [IDX] (M), p: N, M,
-    # reduction -> out [T] (N), scratch [IDX] (M). One thread a cell: its updates sorted by
-    # position (insertion sort in registers up to RUN, else heapsort in scratch), then applied
-    # in that order onto data: the order of the updates whatever order the atomics gave.
-    "scatter_runs": r"""
+    # 2 of 2. data [T] (N), upd [T] (M), head, next [IDX], p: N, M, reduction -> out [T] (N),
+    # link [IDX] (M). One thread a cell walks its list: one or two updates applied at once (the
+    # common case of random indices: no local array), up to RUN positions sorted in registers
+    # as they come (kept descending: the atomics mostly hand out ascending positions, which the
+    # exchange reverses), a longer list copied into link and merge-sorted there; then applied in
+    # ascending position onto data: update order, whatever order the atomics ran in.
+    "scatter_walk": r"""
   const IDX N = (IDX)p[0];
   const int red = (int)p[2];
   const IDX step = (IDX)gridDim.x * blockDim.x;
   for (IDX i = (IDX)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += step) {
-    const IDX c = count[i];
     T acc = data[i];
-    if (c == 1) {
-      acc = rlx_reduce<T, U>(red, acc, upd[perm[start[i]]]);
-    } else if (c > 1) {
-      const IDX s0 = start[i];
-      if (c <= RUN) {
-        IDX loc[RUN];
-        for (IDX j = 0; j < c; ++j) {
-          const IDX v = perm[s0 + j];
-          IDX h = j;
-          while (h > 0 && loc[h - 1] > v) { loc[h] = loc[h - 1]; --h; }
-          loc[h] = v;
-        }
-        for (IDX j = 0; j < c; ++j) acc = rlx_reduce<T, U>(red, acc, upd[loc[j]]);
+    const IDX h = head[i];
+    const IDX n1 = h != 0 ? next[h - 1] : 0;
+    if (h != 0 && n1 == 0) {  // one update (most cells): no sort, no local array
+      acc = rlx_reduce<T, U>(red, acc, upd[h - 1]);
+    } else if (h != 0 && next[n1 - 1] == 0) {  // two: the smaller position first
+      acc = rlx_reduce<T, U>(red, acc, upd[(h < n1 ? h : n1) - 1]);
+      acc = rlx_reduce<T, U>(red, acc, upd[(h < n1 ? n1 : h) - 1]);
+    } else if (h != 0) {
+      IDX loc[RUN];
+      IDX c = 0, e = h;
+      for (; e != 0 && c < RUN; e = next[e - 1], ++c) {
+        IDX j = c;
+        while (j > 0 && loc[j - 1] < e) { loc[j] = loc[j - 1]; --j; }
+        loc[j] = e;
+      }
+      if (e == 0) {
+        for (IDX j = c; j-- > 0;) acc = rlx_reduce<T, U>(red, acc, upd[loc[j] - 1]);
       } else {
-        IDX* w = scratch + s0;
-        for (IDX j = 0; j < c; ++j) w[j] = perm[s0 + j];
-        rlx_heapsort(w, c);
-        for (IDX j = 0; j < c; ++j) acc = rlx_reduce<T, U>(red, acc, upd[w[j]]);
+        for (IDX x = h; x != 0; x = next[x - 1]) link[x - 1] = next[x - 1];
+        for (IDX x = rlx_list_sort(link, h); x != 0; x = link[x - 1]) {
+          acc = rlx_reduce<T, U>(red, acc, upd[x - 1]);
+        }
       }
     }
     out[i] = acc;
-  }
-""",
-    # data [T] (N), upd [T] (M), keys [K] sorted, hit [uint8] (N), p: N, M, reduction, B
-    # -> out [T] (N). Thread i < N copies a cell no update targets; thread j < M that starts a
-    # run of equal targets in the sorted keys applies the run, in update order, onto data.
-    "scatter_apply": r"""
-  const IDX N = (IDX)p[0], M = (IDX)p[1];
-  const int red = (int)p[2], B = (int)p[3];
-  const rlx_i64 mask = ((rlx_i64)1 << B) - 1;
-  const IDX work = N > M ? N : M;
-  const IDX step = (IDX)gridDim.x * blockDim.x;
-  for (IDX i = (IDX)blockIdx.x * blockDim.x + threadIdx.x; i < work; i += step) {
-    if (i < N && !hit[i]) out[i] = data[i];
-    if (i < M) {
-      const rlx_i64 t = (rlx_i64)keys[i] >> B;
-      if (i == 0 || ((rlx_i64)keys[i - 1] >> B) != t) {
-        T acc = data[t];
-        for (IDX j = i; j < M; ++j) {
-          const rlx_i64 key = (rlx_i64)keys[j];
-          if ((key >> B) != t) break;
-          acc = rlx_reduce<T, U>(red, acc, upd[key & mask]);
-        }
-        out[t] = acc;
-      }
-    }
   }
 """,
     # values [T], col [int32], rp [int32], x [T], p: n, ncols, nnz -> y [T] (n); L lanes a row
@@ -341,11 +301,8 @@ SOURCES = {
 SIGNATURES = {
     "gather_elements": (["data", "idx", "p"], ["out"]),
     "gather_nd": (["data", "idx", "p"], ["out"]),
-    "scatter_keys": (["idx", "p"], ["keys", "hit"]),
-    "scatter_count": (["idx", "p"], ["count"]),
-    "scatter_place": (["idx", "start", "p"], ["cursor", "perm"]),
-    "scatter_runs": (["data", "upd", "count", "start", "perm", "p"], ["out", "scratch"]),
-    "scatter_apply": (["data", "upd", "keys", "hit", "p"], ["out"]),
+    "scatter_link": (["idx", "p"], ["head", "next"]),
+    "scatter_walk": (["data", "upd", "head", "next", "p"], ["out", "link"]),
     "spmv": (["values", "col", "rp", "x", "p"], ["y"]),
     "values_grad": (["col", "rp", "u", "v", "p"], ["out"]),
 }
@@ -531,25 +488,15 @@ def idx_dtype(*sizes: int) -> str:
     return "int32" if max(sizes, default=0) < 2**30 else "int64"
 
 
-def key_bits(n_upd: int) -> int:
-    """B: the bits of an update position in a scatter key ``target << B | m`` (at least 1)."""
-    return max(1, (max(n_upd, 1) - 1).bit_length())
-
-
-def key_dtype(n_out: int, n_upd: int) -> str:
-    """int32 keys while every ``target << B | m`` stays below 2^31, else int64."""
-    return "int32" if (max(n_out, 1) << key_bits(n_upd)) <= 2**31 else "int64"
-
-
 def scatter_target_params(data, indices, ax: int | None, M: int) -> tuple[int, list[int]]:
-    """(KIND, the params ``M, B, q...`` of the scatter kernels): KIND 0 ScatterElements along
+    """(KIND, the params ``M, q...`` of the scatter kernels): KIND 0 ScatterElements along
     ``ax``, KIND 1 ScatterND (``ax`` None, indices as [P, k])."""
     if ax is not None:
         q = [data.ndim, ax, data.shape[ax], *indices.shape, *_strides(data.shape)]
-        return 0, [M, key_bits(M), *q]
+        return 0, [M, *q]
     k = indices.shape[-1]
     q = [k, math.prod(data.shape[k:]), *data.shape[:k], *_strides(data.shape)[:k]]
-    return 1, [M, key_bits(M), *q]
+    return 1, [M, *q]
 
 
 def _scatter_templates(data, indices, M: int, kind: int) -> list[tuple[str, Any]]:
@@ -557,61 +504,30 @@ def _scatter_templates(data, indices, M: int, kind: int) -> list[tuple[str, Any]
     return [("I", _dtype_name(indices.dtype)), ("IDX", idx_dtype(M, N, indices.size)), ("KIND", kind)]
 
 
-def plan_scatter_keys(data, indices, ax: int | None, M: int) -> dict[str, Any]:
-    """The sort path's keys ``target << B | m`` and hit flags."""
-    def build():
-        N = math.prod(data.shape)
-        kind, params = scatter_target_params(data, indices, ax, M)
-        K = key_dtype(N, M)
-        return plan("scatter_keys", params, [*_scatter_templates(data, indices, M, kind), ("K", K)],
-                    (M,), K, M, extra_outputs=(((N,), "uint8"),), init=0)
-    return planned("scatter_keys", [indices], (tuple(data.shape), ax, M), build)
-
-
-def plan_scatter_count(data, indices, ax: int | None, M: int) -> dict[str, Any]:
-    def build():
-        N = math.prod(data.shape)
-        kind, params = scatter_target_params(data, indices, ax, M)
-        tpl = _scatter_templates(data, indices, M, kind)
-        return plan("scatter_count", params, tpl, (N,), dict(tpl)["IDX"], M, init=0)
-    return planned("scatter_count", [indices], (tuple(data.shape), ax, M), build)
-
-
-def plan_scatter_place(data, indices, ax: int | None, M: int, start) -> dict[str, Any]:
+def plan_scatter_link(data, indices, ax: int | None, M: int) -> dict[str, Any]:
     def build():
         N = math.prod(data.shape)
         kind, params = scatter_target_params(data, indices, ax, M)
         tpl = _scatter_templates(data, indices, M, kind)
         i = dict(tpl)["IDX"]
-        return plan("scatter_place", params, tpl, (N,), i, M, extra_outputs=(((M,), i),), init=0)
-    return planned("scatter_place", [indices, start], (tuple(data.shape), ax, M), build)
+        return plan("scatter_link", params, tpl, (N,), i, M, extra_outputs=(((M,), i),), init=0)
+    return planned("scatter_link", [indices], (tuple(data.shape), ax, M), build)
 
 
-RUN = 16  # scatter_runs sorts a cell's updates in registers up to this many, else in scratch
-
-
-def plan_scatter_runs(data, updates, count, start, perm, reduction: str) -> dict[str, Any]:
+def plan_scatter_walk(data, updates, head, nxt, reduction: str) -> dict[str, Any]:
     def build():
         N, M = math.prod(data.shape), math.prod(updates.shape)
-        t, i = _dtype_name(data.dtype), _dtype_name(count.dtype)
-        return plan("scatter_runs", [N, M, REDUCTIONS[reduction]],
+        t, i = _dtype_name(data.dtype), _dtype_name(head.dtype)
+        return plan("scatter_walk", [N, M, REDUCTIONS[reduction]],
                     [("T", t), ("U", _UNSIGNED.get(t, t)), ("IDX", i), ("RUN", RUN)],
                     data.shape, t, N, extra_outputs=(((M,), i),))
-    return planned("scatter_runs", [data, updates, count, start, perm], (reduction,), build)
+    return planned("scatter_walk", [data, updates, head, nxt], (reduction,), build)
+
+
+RUN = 16  # scatter_walk sorts a cell's updates in registers up to this many
 
 
 REDUCTIONS = {"none": 0, "add": 1, "mul": 2, "max": 3, "min": 4}
-
-
-def plan_scatter_apply(data, updates, keys, hit, reduction: str) -> dict[str, Any]:
-    def build():
-        N, M = math.prod(data.shape), math.prod(updates.shape)
-        t = _dtype_name(data.dtype)
-        return plan("scatter_apply", [N, M, REDUCTIONS[reduction], key_bits(M)],
-                    [("T", t), ("U", _UNSIGNED.get(t, t)), ("K", _dtype_name(keys.dtype)),
-                     ("IDX", idx_dtype(N, M))],
-                    data.shape, t, max(N, M))
-    return planned("scatter_apply", [data, updates, keys, hit], (reduction,), build)
 
 
 def lanes(n: int, nnz: int) -> int:
@@ -666,43 +582,11 @@ def gather_nd(data, indices, b: int):
     return launch(plan_gather_nd(data, indices, b))
 
 
-SCATTER_ENV = "RLX_MLX_CUDA_SCATTER"
-SCAN_ROW = 2048  # exclusive_scan's row length
-
-
-def exclusive_scan(a: mx.array) -> mx.array:
-    """The exclusive prefix sum of a 1-D integer array, in two levels. MLX's GPU scan gives each
-    row of the scanned axis one thread block, so ``mx.cumsum`` of one long row runs on one SM:
-    measured on an H200, ~0.8 ns an element (78 ms for 10^8 int32, 20x the rest of the scatter).
-    Here rows of SCAN_ROW are scanned in parallel, then the row totals, then added (exact:
-    integers)."""
-    n = a.shape[0]
-    if n <= SCAN_ROW:
-        return mx.cumsum(a, inclusive=False)
-    rows = mx.pad(a, (0, (-n) % SCAN_ROW)).reshape(-1, SCAN_ROW)
-    inner = mx.cumsum(rows, axis=1, inclusive=False)
-    offsets = mx.cumsum(rows.sum(axis=1).astype(a.dtype), inclusive=False)
-    return (inner + offsets[:, None]).astype(a.dtype).reshape(-1)[:n]
-
-
-def scatter_method() -> str:
-    """``count`` (default: counting sort by target, each cell's run sorted in one kernel) or
-    ``sort`` (RLX_MLX_CUDA_SCATTER=sort: mx.sort of the keys ``target << B | m``, kept to compare
-    the two in benchmarks/bench_gpu_custom.py). Both apply duplicates in update order."""
-    m = os.environ.get(SCATTER_ENV, "count").strip().lower()
-    return m if m in ("count", "sort") else "count"
-
-
 def _scatter(data, indices, updates, ax: int | None, reduction: str):
     M = math.prod(updates.shape)
     upd = updates.reshape(-1)
-    if scatter_method() == "sort":
-        keys, hit = launch(plan_scatter_keys(data, indices, ax, M))
-        return launch(plan_scatter_apply(data, upd, mx.sort(keys), hit, reduction))
-    count = launch(plan_scatter_count(data, indices, ax, M))
-    start = exclusive_scan(count)
-    _, perm = launch(plan_scatter_place(data, indices, ax, M, start))
-    return launch(plan_scatter_runs(data, upd, count, start, perm, reduction))[0]
+    head, nxt = launch(plan_scatter_link(data, indices, ax, M))
+    return launch(plan_scatter_walk(data, upd, head, nxt, reduction))[0]
 
 
 def scatter_elements(data, indices, updates, ax: int, reduction: str):
