@@ -15,7 +15,7 @@ nondeterministic parts:
   ``scatter_walk`` gives each cell one thread that walks its list, sorts the positions (in
   registers up to :data:`RUN`, else a merge sort of the list in place) and applies them in order
   onto ``data``. It replaced a counting sort by target (four kernels and a scan, each an MLX
-  launch: 2.1-2.3x slower on an H100, benchmarks/README.md), which had replaced ``mx.sort`` of
+  launch: 1.9-2.3x slower on an H100, benchmarks/README.md), which had replaced ``mx.sort`` of
   the keys ``target << B | m``.
   So float add/mul give the same bits run to run (MLX's composed scatter uses float atomics,
   whose order varies), max/min propagate NaN as numpy ``maximum``/``minimum`` do, integers wrap,
