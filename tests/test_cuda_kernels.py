@@ -209,24 +209,25 @@ def test_emulated_kernels_match_the_reference(op):
     assert n > 0
 
 
+def _dup_inputs(rng, op, red, dtype, m, cells=40):
+    """Scatter inputs with m index rows of 3 updates into cells x 3 data (as the emulation's test)."""
+    def draw(shape):
+        x = rng.standard_normal(shape) * (1 if red == "mul" else 1000)
+        return (x if dtype is np.float32 else np.rint(x)).astype(dtype)
+    if op == "onnx.ScatterElements":
+        return [draw((cells, 3)), rng.integers(-cells, cells, (m, 3)), draw((m, 3))], {"axis": 0, "reduction": red}
+    return [draw((cells, 3)), rng.integers(-cells, cells, (m, 1)), draw((m, 3))], {"reduction": red}
+
+
 @pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND"])
 def test_emulated_scatters_apply_duplicates_in_update_order(op):
     """Many duplicates a cell (runs past RUN, so the long-run branch), every reduction, float32
     and int64: the emulated kernels give the reference's bits exactly, i.e. the updates of a
     cell are applied in update order whatever order the atomics hand out the slots."""
     rng = np.random.default_rng(7)
-    m = 3000
     for red in ("none", "add", "mul", "max", "min"):
         for dtype in (np.float32, np.int64):
-            def draw(shape):
-                x = rng.standard_normal(shape) * (1 if red == "mul" else 1000)
-                return (x if dtype is np.float32 else np.rint(x)).astype(dtype)
-            if op == "onnx.ScatterElements":
-                ins = [draw((40, 3)), rng.integers(-40, 40, (m, 3)), draw((m, 3))]
-                attrs = {"axis": 0, "reduction": red}
-            else:
-                ins = [draw((40, 3)), rng.integers(-40, 40, (m, 1)), draw((m, 3))]
-                attrs = {"reduction": red}
+            ins, attrs = _dup_inputs(rng, op, red, dtype, 3000)
             (expected,) = CPU.run(op, [x.copy() for x in ins], attrs)
             actual = np.asarray(_emulated_op(op, ins, attrs))
             assert np.array_equal(expected.view(np.uint8), actual.astype(expected.dtype).view(np.uint8)), \
@@ -331,6 +332,154 @@ def test_sources_compile_with_nvcc(tmp_path):
     r = subprocess.run([nvcc, "-arch=sm_90", "-c", "-o", str(tmp_path / "k.o"), str(tmp_path / "k.cu")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+# -- the scatter kernels' CUDA source, run on the host --------------------------------------------
+# The numpy emulation above checks the plans; this checks the kernel bodies themselves. Both
+# scatter kernels are compiled as host C++ (``__device__`` dropped, ``atomicExch`` a plain
+# exchange, the thread indices globals), ``scatter_link``'s threads called one at a time in a
+# shuffled order (the order the atomics may run in) and ``scatter_walk``'s cells in one
+# grid-stride loop: the result must be the reference's bits. A C++ compiler is all it needs.
+_HOST_PRELUDE = r"""
+#include <cstdint>
+#define __device__
+#define __forceinline__ inline
+struct rlx_dim3 { unsigned x; };
+static rlx_dim3 gridDim{1}, blockDim{1}, blockIdx{0}, threadIdx{0};
+static int atomicExch(int* a, int v) { int o = *a; *a = v; return o; }
+static unsigned long long atomicExch(unsigned long long* a, unsigned long long v) {
+  unsigned long long o = *a; *a = v; return o;
+}
+"""
+
+
+def _host_body(name: str, templates, source: str | None = None) -> str:
+    """The kernel ``name`` as a host function ``k_<name>`` (its signature as SIGNATURES says,
+    every array a pointer to its template type or IDX; ``p`` int64)."""
+    tpl = dict(templates)
+    ins, outs = ck.SIGNATURES[name]
+    elem = {"idx": "I", "data": "T", "upd": "T"}  # every other array is of IDX
+    args = [f"const {elem.get(n, 'IDX')}* {n}" for n in ins if n != "p"] + ["const int64_t* p"]
+    args += [f"{'T' if n == 'out' else 'IDX'}* {n}" for n in outs]
+    consts = [f"constexpr int {k} = {v};" if isinstance(v, int) else
+              f"using {k} = {_CUDA_TYPES[v]};" for k, v in tpl.items()]
+    return "\n".join([f"static void k_{name}({', '.join(args)}) {{", *consts,
+                      source if source is not None else ck.SOURCES[name], "}"])
+
+
+def _host_scatter(tmp_path, link_tpl, walk_tpl, walk_source=None):
+    """Build the two kernels for these templates; returns run(data, idx, upd, link_params,
+    walk_params, order) -> out."""
+    import ctypes
+    import hashlib
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler here")
+    lt, wt = dict(link_tpl), dict(walk_tpl)
+    src = "\n".join([
+        _HOST_PRELUDE, "namespace link_ns {", *[f"using {k} = {_CUDA_TYPES[v]};" for k, v in lt.items()
+                                               if k in ("I", "IDX")],
+        ck.HEADER, _host_body("scatter_link", [(k, v) for k, v in lt.items() if k == "KIND"]), "}",
+        "namespace walk_ns {", *[f"using {k} = {_CUDA_TYPES[v]};" for k, v in wt.items() if k in ("T", "IDX")],
+        ck.HEADER, _host_body("scatter_walk", [(k, v) for k, v in wt.items() if k in ("U", "RUN")],
+                              walk_source), "}",
+        'extern "C" void run_link(const void* idx, const int64_t* p, void* head, void* next,',
+        "                         const int64_t* order, int64_t M) {",
+        "  using namespace link_ns;",
+        "  gridDim.x = (unsigned)M; blockDim.x = 1; threadIdx.x = 0;",
+        "  for (int64_t j = 0; j < M; ++j) {  // one thread at a time, in the given order",
+        "    blockIdx.x = (unsigned)order[j];",
+        "    k_scatter_link((const I*)idx, p, (IDX*)head, (IDX*)next);",
+        "  }",
+        "}",
+        'extern "C" void run_walk(const void* data, const void* upd, const void* head, const void* next,',
+        "                         const int64_t* p, void* out, void* link) {",
+        "  using namespace walk_ns;",
+        "  gridDim.x = 1; blockDim.x = 1; blockIdx.x = 0; threadIdx.x = 0;",
+        "  k_scatter_walk((const T*)data, (const T*)upd, (const IDX*)head, (const IDX*)next, p,",
+        "                 (T*)out, (IDX*)link);",
+        "}"])
+    lib = tmp_path / f"scatter_{hashlib.sha256(src.encode()).hexdigest()[:12]}.so"
+    if not lib.exists():
+        (tmp_path / "k.cpp").write_text(src)
+        r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib),
+                            str(tmp_path / "k.cpp")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    so = ctypes.CDLL(str(lib))
+    ptr = ctypes.c_void_p
+
+    def run(data, idx, upd, link_params, walk_params, order):
+        N, M = data.size, upd.size
+        i = np.dtype(lt["IDX"])
+        head, nxt = np.zeros(N, i), np.zeros(M, i)
+        lp, wp = np.asarray(link_params, np.int64), np.asarray(walk_params, np.int64)
+        order = np.ascontiguousarray(order, np.int64)
+        data, idx, upd = (np.ascontiguousarray(a) for a in (data, idx, upd))
+        so.run_link(ptr(idx.ctypes.data), ptr(lp.ctypes.data), ptr(head.ctypes.data),
+                    ptr(nxt.ctypes.data), ptr(order.ctypes.data), ctypes.c_int64(M))
+        out, link = np.empty_like(data), np.zeros(M, i)
+        so.run_walk(ptr(data.ctypes.data), ptr(upd.ctypes.data), ptr(head.ctypes.data),
+                    ptr(nxt.ctypes.data), ptr(wp.ctypes.data), ptr(out.ctypes.data), ptr(link.ctypes.data))
+        return out
+    return run
+
+
+def _host_scatter_case(tmp_path, op, ins, attrs, walk_source=None, seed=0):
+    """The op through the host-compiled kernels, the link kernel's threads in a shuffled order."""
+    a = [to_mlx(x, dt.name_of(x.dtype)) for x in ins]
+    data, upd = a[0], a[2].reshape(-1)
+    idx, ax = (a[1], attrs["axis"] % a[0].ndim) if op == "onnx.ScatterElements" else \
+        (a[1].reshape(-1, a[1].shape[-1]), None)
+    lk = ck.plan_scatter_link(data, idx, ax, upd.size)
+    i = mx.zeros((1,), getattr(mx, lk["out_dtype"]))
+    wk = ck.plan_scatter_walk(data, upd, i, i, attrs["reduction"])
+    run = _host_scatter(tmp_path, lk["templates"], wk["templates"], walk_source)
+    order = np.random.default_rng(seed).permutation(upd.size)
+    out = run(ins[0].reshape(-1), _np(idx).reshape(-1), ins[2].reshape(-1), lk["params"], wk["params"], order)
+    return out.reshape(ins[0].shape)
+
+
+@pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND"])
+def test_scatter_sources_run_on_the_host(op, tmp_path):
+    """The CUDA source of both scatter kernels, run on the host with the exchanges in shuffled
+    orders: every reduction, float32 and int64, cells of 0 to thousands of updates (the fast
+    paths, the register sort and the list's merge sort), the reference's bits exactly."""
+    rng = np.random.default_rng(11)
+    for m in (1, 7, 60, 3000):  # 3m updates into 120 cells: 0.025 to 75 a cell
+        for red in ("none", "add", "mul", "max", "min"):
+            for dtype in (np.float32, np.int64):
+                ins, attrs = _dup_inputs(rng, op, red, dtype, m)
+                (expected,) = CPU.run(op, [x.copy() for x in ins], attrs)
+                for seed in (0, 1):
+                    got = _host_scatter_case(tmp_path, op, ins, attrs, seed=seed)
+                    assert np.array_equal(expected.view(np.uint8), got.view(np.uint8)), (m, red, dtype, seed)
+
+
+@pytest.mark.parametrize("mutation", ["two in list order", "long lists unsorted", "short lists ascending"])
+def test_a_wrong_walk_is_caught_on_the_host(mutation, tmp_path):
+    """Deliberately wrong walks (the order of a cell's updates lost in one of the three paths):
+    the host run of the previous test must reject each."""
+    src = ck.SOURCES["scatter_walk"]
+    wrong = {
+        "two in list order": ("upd[(h < n1 ? h : n1) - 1]", "upd[h - 1]", "upd[(h < n1 ? n1 : h) - 1]", "upd[n1 - 1]"),
+        "long lists unsorted": ("rlx_list_sort(link, h)", "h"),
+        "short lists ascending": ("loc[j - 1] < e", "loc[j - 1] > e"),
+    }[mutation]
+    for old, new in zip(wrong[::2], wrong[1::2]):
+        assert old in src
+        src = src.replace(old, new)
+    if mutation == "long lists unsorted":  # the unsorted walk must follow next, not link
+        src = src.replace("x != 0; x = link[x - 1]) {", "x != 0; x = next[x - 1]) {")
+    rng = np.random.default_rng(5)
+    m = 3000 if mutation == "long lists unsorted" else 200
+    ins, attrs = _dup_inputs(rng, "onnx.ScatterElements", "add", np.float32, m, cells=40 if m > 200 else 300)
+    (expected,) = CPU.run("onnx.ScatterElements", [x.copy() for x in ins], attrs)
+    assert np.array_equal(expected, _host_scatter_case(tmp_path, "onnx.ScatterElements", ins, attrs))
+    got = _host_scatter_case(tmp_path, "onnx.ScatterElements", ins, attrs, walk_source=src)
+    assert not np.array_equal(expected.view(np.uint8), got.view(np.uint8))
 
 
 # -- on MLX's CUDA build -------------------------------------------------------------------------
