@@ -427,8 +427,9 @@ def _host_scatter(tmp_path, link_tpl, walk_tpl, walk_source=None):
     return run
 
 
-def _host_scatter_case(tmp_path, op, ins, attrs, walk_source=None, seed=0):
-    """The op through the host-compiled kernels, the link kernel's threads in a shuffled order."""
+def _host_scatter_case(tmp_path, op, ins, attrs, walk_source=None, seed=0, idx_type=None):
+    """The op through the host-compiled kernels, the link kernel's threads in a shuffled order;
+    ``idx_type`` replaces the plans' IDX (int64: the path of sizes past 2^30)."""
     a = [to_mlx(x, dt.name_of(x.dtype)) for x in ins]
     data, upd = a[0], a[2].reshape(-1)
     idx, ax = (a[1], attrs["axis"] % a[0].ndim) if op == "onnx.ScatterElements" else \
@@ -436,7 +437,8 @@ def _host_scatter_case(tmp_path, op, ins, attrs, walk_source=None, seed=0):
     lk = ck.plan_scatter_link(data, idx, ax, upd.size)
     i = mx.zeros((1,), getattr(mx, lk["out_dtype"]))
     wk = ck.plan_scatter_walk(data, upd, i, i, attrs["reduction"])
-    run = _host_scatter(tmp_path, lk["templates"], wk["templates"], walk_source)
+    lt, wt = ([(k, idx_type if k == "IDX" and idx_type else v) for k, v in pl["templates"]] for pl in (lk, wk))
+    run = _host_scatter(tmp_path, lt, wt, walk_source)
     order = np.random.default_rng(seed).permutation(upd.size)
     out = run(ins[0].reshape(-1), _np(idx).reshape(-1), ins[2].reshape(-1), lk["params"], wk["params"], order)
     return out.reshape(ins[0].shape)
@@ -446,16 +448,18 @@ def _host_scatter_case(tmp_path, op, ins, attrs, walk_source=None, seed=0):
 def test_scatter_sources_run_on_the_host(op, tmp_path):
     """The CUDA source of both scatter kernels, run on the host with the exchanges in shuffled
     orders: every reduction, float32 and int64, cells of 0 to thousands of updates (the fast
-    paths, the register sort and the list's merge sort), the reference's bits exactly."""
+    paths, the register sort and the list's merge sort), 32- and 64-bit index arithmetic (the
+    atomics' two overloads): the reference's bits exactly."""
     rng = np.random.default_rng(11)
     for m in (1, 7, 60, 3000):  # 3m updates into 120 cells: 0.025 to 75 a cell
         for red in ("none", "add", "mul", "max", "min"):
             for dtype in (np.float32, np.int64):
                 ins, attrs = _dup_inputs(rng, op, red, dtype, m)
                 (expected,) = CPU.run(op, [x.copy() for x in ins], attrs)
-                for seed in (0, 1):
-                    got = _host_scatter_case(tmp_path, op, ins, attrs, seed=seed)
-                    assert np.array_equal(expected.view(np.uint8), got.view(np.uint8)), (m, red, dtype, seed)
+                for seed, idx_type in ((0, None), (1, None), (2, "int64")):
+                    got = _host_scatter_case(tmp_path, op, ins, attrs, seed=seed, idx_type=idx_type)
+                    assert np.array_equal(expected.view(np.uint8), got.view(np.uint8)), \
+                        (m, red, dtype, seed, idx_type)
 
 
 @pytest.mark.parametrize("mutation", ["two in list order", "long lists unsorted", "short lists ascending"])
