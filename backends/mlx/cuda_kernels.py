@@ -67,7 +67,7 @@ from typing import Any
 import mlx.core as mx
 
 ENV = "RLX_MLX_CUDA_KERNELS"
-VERSION = "v6"
+VERSION = "v7"
 BLOCK = 256
 MAX_THREADS = 1 << 30  # grid-stride kernels launch at most this many threads
 
@@ -213,8 +213,7 @@ SOURCES = {
   }
 """,
     # 2 of 2. data [T] (N), upd [T] (M), head, next [IDX], p: N, M, reduction -> out [T] (N),
-    # link [IDX] (M). One thread a cell walks its list: one or two updates applied at once (the
-    # common case of random indices: no local array), up to RUN positions sorted in registers
+    # link [IDX] (M). One thread a cell walks its list: up to RUN positions sorted in registers
     # as they come (kept descending: the atomics mostly hand out ascending positions, which the
     # exchange reverses), a longer list copied into link and merge-sorted there; then applied in
     # ascending position onto data: update order, whatever order the atomics ran in.
@@ -225,13 +224,7 @@ SOURCES = {
   for (IDX i = (IDX)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += step) {
     T acc = data[i];
     const IDX h = head[i];
-    const IDX n1 = h != 0 ? next[h - 1] : 0;
-    if (h != 0 && n1 == 0) {  // one update (most cells): no sort, no local array
-      acc = rlx_reduce<T, U>(red, acc, upd[h - 1]);
-    } else if (h != 0 && next[n1 - 1] == 0) {  // two: the smaller position first
-      acc = rlx_reduce<T, U>(red, acc, upd[(h < n1 ? h : n1) - 1]);
-      acc = rlx_reduce<T, U>(red, acc, upd[(h < n1 ? n1 : h) - 1]);
-    } else if (h != 0) {
+    if (h != 0) {
       IDX loc[RUN];
       IDX c = 0, e = h;
       for (; e != 0 && c < RUN; e = next[e - 1], ++c) {
