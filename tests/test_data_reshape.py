@@ -46,8 +46,9 @@ def baselines() -> dict[str, records.Report]:
 # attention_backward_q/float64 has no passing case left in any of the 3 modes; 2,290 before the baseline of 2026-12-04, which added the derivative, backward-op, layout
 # and graph groups of issues 16 and 17; 2,287 before issue 14: float64 attention, all xfail
 # before, now has passing cases in each mode); the GPU's 2,332 groups are not locked (the lock
-# covers the CPU targets)
-OLD_LOCK_VERDICTS = {CPU: (4936, 0, 0, 0), GPU: (0, 0, 0, 2332), GPU_REPEAT: (0, 0, 0, 4)}
+# covers the CPU targets; 2,761 since the GPU baseline of 2026-12-06 added the layout and graph
+# groups)
+OLD_LOCK_VERDICTS = {CPU: (4936, 0, 0, 0), GPU: (0, 0, 0, 2761), GPU_REPEAT: (0, 0, 0, 4)}
 
 
 @pytest.mark.parametrize("path", sorted(OLD_LOCK_VERDICTS))
@@ -90,8 +91,8 @@ def test_lock_file_keeps_only_what_is_not_bit_exact():
 # cases stability.enforce fails: none, as the baselines record (no "bit-stability:" message)
 # (CPU 46,624 and GPU 248 before issue 14, whose new shapes and value classes add cases to the
 # recorded groups: 48,064 and 284; the CPU baseline of 2026-12-04, with the derivative, layout and
-# graph cases: 87,380)
-OLD_STABLE_CASES = {CPU: 87380, GPU: 284, GPU_REPEAT: 248}
+# graph cases: 87,380; the GPU baseline of 2026-12-06, with the layout and graph cases: 394)
+OLD_STABLE_CASES = {CPU: 87380, GPU: 394, GPU_REPEAT: 248}
 
 
 @pytest.mark.parametrize("path", sorted(OLD_STABLE_CASES))
