@@ -11,6 +11,7 @@ GPU tests, and by ``nvcc`` where one is installed (test_sources_compile_with_nvc
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -483,6 +484,69 @@ def test_a_wrong_walk_is_caught_on_the_host(mutation, tmp_path):
     assert np.array_equal(expected, _host_scatter_case(tmp_path, "onnx.ScatterElements", ins, attrs))
     got = _host_scatter_case(tmp_path, "onnx.ScatterElements", ins, attrs, walk_source=src)
     assert not np.array_equal(expected.view(np.uint8), got.view(np.uint8))
+
+
+@pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND"])
+def test_the_packed_scatter_experiment_runs_on_the_host(op, tmp_path):
+    """benchmarks/bench_scatter_packed.py's kernels (link and value in one record; an experiment
+    the benchmark README reports, not shipped) compiled and run on the host as the shipped ones
+    above: the reference's bits for short and long lists, float32 add, so that the benchmark
+    measures a right variant."""
+    import ctypes
+    import importlib.util
+    import shutil
+    import subprocess
+    import sys
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler here")
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_scatter_packed", bench / "bench_scatter_packed.py")
+        xp = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(xp)
+    finally:
+        sys.path.remove(str(bench))
+    kind = 0 if op == "onnx.ScatterElements" else 1
+    src = "\n".join([
+        _HOST_PRELUDE, ck.HEADER,
+        f"using I = int64_t; using IDX = int32_t; using T = float; using U = float; "
+        f"constexpr int KIND = {kind}; constexpr int RUN = {ck.RUN};",
+        "static void k_link(const I* idx, const T* upd, const int64_t* p, IDX* head, uint64_t* rec) {",
+        xp.LINK, "}",
+        "static void k_walk(const T* data, const IDX* head, const uint64_t* rec, const int64_t* p, T* out,",
+        "                   IDX* link) {", xp.WALK, "}",
+        'extern "C" void run(const I* idx, const T* upd, const int64_t* lp, IDX* head, uint64_t* rec,',
+        "                    const int64_t* order, int64_t M, const T* data, const int64_t* wp, T* out,",
+        "                    IDX* link) {",
+        "  gridDim.x = (unsigned)M; blockDim.x = 1; threadIdx.x = 0;",
+        "  for (int64_t j = 0; j < M; ++j) { blockIdx.x = (unsigned)order[j]; k_link(idx, upd, lp, head, rec); }",
+        "  gridDim.x = 1; blockIdx.x = 0;",
+        "  k_walk(data, head, rec, wp, out, link);",
+        "}"])
+    (tmp_path / "xp.cpp").write_text(src)
+    r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "xp.so"),
+                        str(tmp_path / "xp.cpp")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    so = ctypes.CDLL(str(tmp_path / "xp.so"))
+    rng = np.random.default_rng(13)
+    for m in (7, 60, 3000):  # 3m updates into 120 cells: the register sort and the merge sort
+        ins, attrs = _dup_inputs(rng, op, "add", np.float32, m)
+        (expected,) = CPU.run(op, [x.copy() for x in ins], attrs)
+        data, idx, upd = (np.ascontiguousarray(x) for x in ins)
+        flat = idx.reshape(-1, idx.shape[-1]) if kind else idx
+        M, N = upd.size, data.size
+        _, lp = ck.scatter_target_params(mx.array(data), mx.array(flat), 0 if kind == 0 else None, M)
+        lp, wp = np.asarray(lp, np.int64), np.array([N, M, ck.REDUCTIONS["add"]], np.int64)
+        head, rec = np.zeros(N, np.int32), np.zeros(M, np.uint64)
+        out, link = np.empty(N, np.float32), np.zeros(M, np.int32)
+        order = rng.permutation(M).astype(np.int64)
+        idx64 = np.ascontiguousarray(flat, np.int64)
+        so.run(*[ctypes.c_void_p(a.ctypes.data) for a in (idx64, upd, lp, head, rec, order)], ctypes.c_int64(M),
+               *[ctypes.c_void_p(a.ctypes.data) for a in (data, wp, out, link)])
+        assert np.array_equal(expected.reshape(-1).view(np.uint32), out.view(np.uint32)), m
 
 
 # -- on MLX's CUDA build -------------------------------------------------------------------------
