@@ -2,11 +2,12 @@
 
 Without a CUDA GPU (CI, the development machines) the kernels' host side is still tested: every
 ``plan_*`` is executed by a numpy emulation of the kernel body it launches (the same params, the
-same loops, mx.sort replaced by np.sort), on the matrix's own cases of each op, and the result
-must equal the CPU reference bit for bit (mat_vec: within the op's own judge). On MLX's CUDA
-build the real kernels run the same cases on the GPU, in every mode, against the reference, and
-twice more to show the results are bit-identical run to run. tests/test_cuda_kernels.py also compiles nothing: the CUDA sources are checked by the
-GPU tests, and by ``nvcc`` where one is installed (test_sources_compile_with_nvcc).
+same loops), on the matrix's own cases of each op, and the result must equal the CPU reference
+bit for bit (mat_vec: within the op's own judge). The scatter kernels' CUDA source itself is
+compiled as host C++ and run (a C++ compiler is all it needs), and every source by ``nvcc`` where
+one is installed (test_sources_compile_with_nvcc). On MLX's CUDA build the real kernels run the
+same cases on the GPU, in every mode, against the reference, and twice more to show the results
+are bit-identical run to run.
 """
 from __future__ import annotations
 
@@ -368,9 +369,9 @@ def _host_body(name: str, templates, source: str | None = None) -> str:
                       source if source is not None else ck.SOURCES[name], "}"])
 
 
-def _host_scatter(tmp_path, link_tpl, walk_tpl, walk_source=None):
-    """Build the two kernels for these templates; returns run(data, idx, upd, link_params,
-    walk_params, order) -> out."""
+def _host_library(tmp_path, src: str):
+    """``src`` (C++) built as a shared library under tmp_path, once per distinct source, and
+    loaded; skips the test where no C++ compiler is installed."""
     import ctypes
     import hashlib
     import shutil
@@ -379,6 +380,21 @@ def _host_scatter(tmp_path, link_tpl, walk_tpl, walk_source=None):
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler here")
+    name = f"host_{hashlib.sha256(src.encode()).hexdigest()[:12]}"
+    lib = tmp_path / f"{name}.so"
+    if not lib.exists():
+        (tmp_path / f"{name}.cpp").write_text(src)
+        r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib),
+                            str(tmp_path / f"{name}.cpp")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+    return ctypes.CDLL(str(lib))
+
+
+def _host_scatter(tmp_path, link_tpl, walk_tpl, walk_source=None):
+    """Build the two kernels for these templates; returns run(data, idx, upd, link_params,
+    walk_params, order) -> out."""
+    import ctypes
+
     lt, wt = dict(link_tpl), dict(walk_tpl)
     src = "\n".join([
         _HOST_PRELUDE, ck.HEADER,
@@ -402,13 +418,7 @@ def _host_scatter(tmp_path, link_tpl, walk_tpl, walk_source=None):
         "  k_scatter_walk((const T*)data, (const T*)upd, (const IDX*)head, (const IDX*)next, p,",
         "                 (T*)out, (IDX*)link);",
         "}"])
-    lib = tmp_path / f"scatter_{hashlib.sha256(src.encode()).hexdigest()[:12]}.so"
-    if not lib.exists():
-        (tmp_path / "k.cpp").write_text(src)
-        r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib),
-                            str(tmp_path / "k.cpp")], capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-    so = ctypes.CDLL(str(lib))
+    so = _host_library(tmp_path, src)
     ptr = ctypes.c_void_p
 
     def run(data, idx, upd, link_params, walk_params, order):
@@ -494,13 +504,8 @@ def test_the_packed_scatter_experiment_runs_on_the_host(op, tmp_path):
     measures a right variant."""
     import ctypes
     import importlib.util
-    import shutil
-    import subprocess
     import sys
 
-    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no C++ compiler here")
     bench = Path(__file__).resolve().parent.parent / "benchmarks"
     sys.path.insert(0, str(bench))
     try:
@@ -526,11 +531,7 @@ def test_the_packed_scatter_experiment_runs_on_the_host(op, tmp_path):
         "  gridDim.x = 1; blockIdx.x = 0;",
         "  k_walk(data, head, rec, wp, out, link);",
         "}"])
-    (tmp_path / "xp.cpp").write_text(src)
-    r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(tmp_path / "xp.so"),
-                        str(tmp_path / "xp.cpp")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    so = ctypes.CDLL(str(tmp_path / "xp.so"))
+    so = _host_library(tmp_path, src)
     rng = np.random.default_rng(13)
     for m in (7, 60, 3000):  # 3m updates into 120 cells: the register sort and the merge sort
         ins, attrs = _dup_inputs(rng, op, "add", np.float32, m)
