@@ -28,3 +28,35 @@ def test_rows_over_processes(tmp_path):
         own = sorted(r["median"] for rows in doc["processes"] for r in rows if (r["op"], r["col"]) == (a["op"], a["col"]))
         assert sorted(a["medians"]) == own and len(own) == 2
         assert a["min"] == own[0] <= a["median"] <= own[1] == a["max"]
+
+
+def test_variant_checks_catch_a_wrong_spmv():
+    """bench_cuda_variants.py judges an SpMV variant by its max ulp against exact row sums: the
+    helpers must find a wrong sum and a one-ulp step, and agree with scipy where exact."""
+    import importlib.util
+
+    import numpy as np
+    import scipy.sparse as sp
+
+    bench = SCRIPT.parent
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_cuda_variants", bench / "bench_cuda_variants.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(bench))
+    from bench_gpu_custom import banded_csr
+
+    rng = np.random.default_rng(3)
+    v, c, rp = banded_csr(rng, 500)
+    x = rng.uniform(-1, 1, 500).astype(np.float32)
+    ref = mod.exact_spmv(v, c, rp, x)
+    a = sp.csr_matrix((v.astype(np.float64), c, rp), shape=(500, 500))
+    assert mod.ulps(ref, (a @ x.astype(np.float64)).astype(np.float32)) <= 1
+    assert mod.ulps(ref, ref) == 0
+    assert mod.ulps(ref, np.nextafter(ref, np.float32(np.inf))) == 1
+    assert mod.ulps(np.float32([-0.0]), np.float32([0.0])) == 0
+    wrong = ref.copy()
+    wrong[7] += 1e-3  # one row summed wrongly
+    assert mod.ulps(ref, wrong) > 1000
