@@ -98,6 +98,11 @@ def _emulate(pl):
     if name == "gather_nd":
         total, J, k, S, bstride = p[:5]
         sizes, strides = p[5:5 + k], p[5 + k:5 + 2 * k]
+        V = dict(pl["templates"])["V"]
+        # the chunked path: every offset a whole number of 16-byte chunks, a thread a chunk
+        assert V == 1 or (V * ins[0].dtype.itemsize == 16 and S % V == 0 and bstride % V == 0
+                          and all(s_ % V == 0 for s_ in strides))
+        assert pl["grid"][0] >= min(total // V, ck.MAX_THREADS)
         idx = ins[1].reshape(-1).astype(np.int64)
         e = np.arange(total, dtype=np.int64)
         t = e // S
@@ -238,6 +243,16 @@ def test_emulated_scatters_apply_duplicates_in_update_order(op):
 
 def test_lanes():
     assert [ck.lanes(10, k) for k in (0, 10, 11, 80, 10**6)] == [1, 1, 2, 8, 32]
+    assert [ck.lanes(10, k, 4) for k in (0, 40, 41, 80, 10**6)] == [1, 1, 2, 2, 32]
+
+
+def test_gather_nd_chunks():
+    """16-byte chunks only where a slice is whole chunks: rows of 16 float32 take 4 a thread,
+    rows of 6 float32 or of 3 int16 one element a thread."""
+    assert [ck.gather_nd_chunk(4, S) for S in (16, 4, 6, 1)] == [4, 4, 1, 1]
+    assert [ck.gather_nd_chunk(1, 32), ck.gather_nd_chunk(2, 3), ck.gather_nd_chunk(8, 2)] == [16, 1, 2]
+    pl = ck.plan_gather_nd(mx.zeros((5, 16)), mx.zeros((7, 1), mx.int64), 0)
+    assert dict(pl["templates"])["V"] == 4 and pl["grid"][0] >= 7 * 16 // 4
     assert not ck.available() or mx.default_device().type == mx.gpu
 
 
@@ -288,20 +303,20 @@ def test_validate_entry_points_wrap_the_custom_kernels():
 
 # CUDA types of the dtypes used below, as MLX's dtype_to_cuda_type spells them
 _CUDA_TYPES = {"float32": "float", "int64": "int64_t", "int32": "int32_t", "uint8": "uint8_t",
-               "uint64": "uint64_t"}
+               "uint64": "uint64_t", "int8": "int8_t"}
 # kernel -> (inputs' dtypes, outputs' dtypes, templates): each kernel once, the index widths and
 # KINDs varied across them
 _NVCC = {
     "gather_elements": (["float32", "int64"], ["float32"],
                         [("T", "float32"), ("I", "int64"), ("IDX", "int32")]),
     "gather_nd": (["float32", "int64"], ["float32"],
-                  [("T", "float32"), ("I", "int64"), ("IDX", "int64")]),
+                  [("T", "float32"), ("I", "int64"), ("V", 4), ("IDX", "int64")]),
     "scatter_link": (["int64"], ["int64", "int64"], [("I", "int64"), ("IDX", "int64"), ("KIND", 1)]),
     "scatter_walk": (["float32", "float32", "int32", "int32"], ["float32", "int32"],
                      [("T", "float32"), ("U", "float32"), ("IDX", "int32"), ("RUN", 16)]),
     "spmv": (["float32", "int32", "int32", "float32"], ["float32"],
              [("T", "float32"), ("C", "int32"), ("R", "int32"), ("X", "float32"), ("L", 8),
-              ("IDX", "int32")]),
+              ("E", 4), ("IDX", "int32")]),
     "values_grad": (["int32", "int32", "float32", "float32"], ["float32"],
                     [("T", "float32"), ("V", "float32"), ("C", "int32"), ("R", "int32"), ("L", 4),
                      ("IDX", "int64")]),
@@ -494,6 +509,87 @@ def test_a_wrong_walk_is_caught_on_the_host(mutation, tmp_path):
     assert np.array_equal(expected, _host_scatter_case(tmp_path, "onnx.ScatterElements", ins, attrs))
     got = _host_scatter_case(tmp_path, "onnx.ScatterElements", ins, attrs, walk_source=src)
     assert not np.array_equal(expected.view(np.uint8), got.view(np.uint8))
+
+
+def _host_gather_nd(tmp_path, templates, source=None):
+    """gather_nd's source built for these templates; returns run(data, idx, params, threads,
+    shift) -> out, every thread run in turn (blockDim 1), data and out ``shift`` elements into
+    their buffers (1: not 16-byte aligned, the element path)."""
+    import ctypes
+
+    tpl = dict(templates)
+    src = "\n".join([
+        _HOST_PRELUDE, "struct uint4 { unsigned x, y, z, w; };", ck.HEADER,
+        *[f"using {k} = {_CUDA_TYPES[v]};" for k, v in tpl.items() if k in ("T", "I", "IDX")],
+        _host_body("gather_nd", [(k, v) for k, v in tpl.items() if k == "V"], source),
+        'extern "C" void run(const void* data, const void* idx, const int64_t* p, void* out, int64_t threads) {',
+        "  gridDim.x = (unsigned)threads; blockDim.x = 1; threadIdx.x = 0;",
+        "  for (int64_t t = 0; t < threads; ++t) {",
+        "    blockIdx.x = (unsigned)t;",
+        "    k_gather_nd((const T*)data, (const I*)idx, p, (T*)out);",
+        "  }",
+        "}"])
+    so = _host_library(tmp_path, src)
+    ptr = ctypes.c_void_p
+
+    def run(data, idx, params, threads, out_size, shift):
+        # 64-byte aligned buffers (numpy's are 16), the arrays at element ``shift``
+        def placed(a, n):
+            raw = np.zeros(n * a.itemsize + 128, np.uint8)
+            at = (-raw.ctypes.data) % 64 + shift * a.itemsize
+            v = raw[at:at + n * a.itemsize].view(a.dtype)
+            v[:a.size] = a.reshape(-1)
+            return v
+        d, o = placed(data, data.size), placed(np.zeros(out_size, data.dtype), out_size)
+        i, pp = np.ascontiguousarray(idx.reshape(-1)), np.asarray(params, np.int64)
+        so.run(ptr(d.ctypes.data), ptr(i.ctypes.data), ptr(pp.ctypes.data), ptr(o.ctypes.data),
+               ctypes.c_int64(threads))
+        return o.copy()
+    return run
+
+
+def _gather_nd_host_cases():
+    """GatherND inputs: rows of 16 float32 (4 a chunk), 6 float32 (no chunks), 32 int8 and 4
+    int64 (16 and 2 a chunk), batch_dims 0 and 1."""
+    rng = np.random.default_rng(17)
+    for shape, dtype, b in (((9, 16), np.float32, 0), ((9, 6), np.float32, 0), ((5, 3, 32), np.int8, 0),
+                            ((2, 7, 4), np.int64, 1), ((3, 4, 8), np.float32, 1)):
+        data = (rng.standard_normal(shape) * 100).astype(dtype)
+        idx = rng.integers(-shape[b], shape[b], (*shape[:b], 5, 1))
+        yield data, idx, b
+
+
+def _gather_nd_host(tmp_path, data, idx, b, shift, source=None):
+    pl = ck.plan_gather_nd(to_mlx(data, dt.name_of(data.dtype)), mx.array(idx), b)
+    run = _host_gather_nd(tmp_path, pl["templates"], source)
+    out = run(data, idx, pl["params"], pl["grid"][0], int(np.prod(pl["out_shape"])), shift)
+    return out.reshape(pl["out_shape"]), dict(pl["templates"])["V"]
+
+
+def test_gather_nd_source_runs_on_the_host(tmp_path):
+    """gather_nd's CUDA source on the host: the 16-byte chunk path where the buffers are aligned
+    and the slices whole chunks, the element path where they are not (the same plan: fewer
+    threads, a grid-stride loop), both the reference's bits."""
+    chunked = 0
+    for data, idx, b in _gather_nd_host_cases():
+        (expected,) = CPU.run("onnx.GatherND", [data, idx], {"batch_dims": b})
+        for shift in (0, 1):
+            got, V = _gather_nd_host(tmp_path, data, idx, b, shift)
+            assert np.array_equal(expected.view(np.uint8), got.view(np.uint8)), (data.shape, b, shift)
+        chunked += V > 1
+    assert chunked == 4
+
+
+def test_a_wrong_chunk_offset_is_caught_on_the_host(tmp_path):
+    """A chunk path that forgets the chunk's place in its slice must fail the test above."""
+    src = ck.SOURCES["gather_nd"]
+    assert "(e % Sv) * V" in src
+    wrong = src.replace("(e % Sv) * V", "(e % Sv)")
+    data, idx, b = next(_gather_nd_host_cases())
+    (expected,) = CPU.run("onnx.GatherND", [data, idx], {"batch_dims": b})
+    assert np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 0)[0])
+    assert not np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 0, wrong)[0])
+    assert np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 1, wrong)[0])  # element path
 
 
 @pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND"])

@@ -7,7 +7,8 @@ nondeterministic parts:
 
 * ``gather_elements`` / ``gather_nd``: one thread per output element, the source offset computed
   from the index values in the kernel (no coordinate arrays materialised as the composed version
-  does with broadcast aranges).
+  does with broadcast aranges); ``gather_nd`` moves a 16-byte chunk a thread where its slices are
+  whole chunks (:func:`gather_nd_chunk`).
 * ``scatter`` (ScatterElements and ScatterND, every reduction): deterministic, the updates of
   each cell applied in update order, as the CPU reference (numpy ``ufunc.at``) does. Two
   kernels: ``scatter_link`` threads each cell's updates into a linked list with atomic
@@ -22,9 +23,10 @@ nondeterministic parts:
   and int64 works (MLX's GPU scatter rejects int64). With reduction ``none`` the last duplicate
   wins (ONNX leaves duplicates undefined).
 * ``spmv`` (rlx_sparse.mat_vec, and the products inside cg_solve): ``L`` lanes per CSR row
-  (``L`` the power of two nearest above the mean row length, at most 32), float64 accumulation
-  and a fixed shuffle tree, rounded once: deterministic, and no atomics (the composed version
-  scatter-adds ``values * x[cols]`` with float atomics, which flush subnormals on NVIDIA GPUs).
+  (``L`` the power of two at or above the mean row length over :data:`SPMV_PER_LANE`, at most
+  32), each lane loading that many entries before it uses any, float64 accumulation and a fixed
+  shuffle tree, rounded once: deterministic, and no atomics (the composed version scatter-adds
+  ``values * x[cols]`` with float atomics, which flush subnormals on NVIDIA GPUs).
 * ``values_grad``: ``L`` lanes a CSR row as ``spmv`` (each entry's row known without the binary
   search in ``row_ptr`` of the first version; reads of ``col`` and writes coalesced).
 
@@ -67,7 +69,7 @@ from typing import Any
 import mlx.core as mx
 
 ENV = "RLX_MLX_CUDA_KERNELS"
-VERSION = "v7"
+VERSION = "v8"
 BLOCK = 256
 MAX_THREADS = 1 << 30  # grid-stride kernels launch at most this many threads
 
@@ -186,14 +188,33 @@ SOURCES = {
     out[e] = data[off];
   }
 """,
-    # inputs data [T], idx [int64, (nb*J, k)], p: total, J, k, S, bstride, sizes[k], strides[k]
+    # inputs data [T], idx [int64, (nb*J, k)], p: total, J, k, S, bstride, sizes[k], strides[k].
+    # V > 1: a thread moves a 16-byte chunk of V elements of a slice (the plan chooses V only
+    # where S, and so bstride and every stride, is a multiple of V), when both buffers are
+    # 16-byte aligned (a view into a buffer may not be); else one element a thread.
     "gather_nd": r"""
   const IDX total = (IDX)p[0], J = (IDX)p[1], S = (IDX)p[3], bstride = (IDX)p[4];
   const int k = (int)p[2];
   const int64_t* sizes = p + 5;
   const int64_t* strides = p + 5 + k;
   const IDX step = (IDX)gridDim.x * blockDim.x;
-  for (IDX e = (IDX)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += step) {
+  const IDX first = (IDX)blockIdx.x * blockDim.x + threadIdx.x;
+  if (V > 1 && ((reinterpret_cast<unsigned long long>(data) |
+                 reinterpret_cast<unsigned long long>(out)) & 15) == 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(data);
+    uint4* dst = reinterpret_cast<uint4*>(out);
+    const IDX Sv = S / V;
+    for (IDX e = first; e < total / V; e += step) {
+      const IDX t = e / Sv;
+      IDX off = (t / J) * bstride + (e % Sv) * V;
+      for (int j = 0; j < k; ++j) {
+        off += (IDX)rlx_fix((rlx_i64)idx[t * k + j], sizes[j]) * (IDX)strides[j];
+      }
+      dst[e] = src[off / V];
+    }
+    return;
+  }
+  for (IDX e = first; e < total; e += step) {
     const IDX t = e / S;
     IDX off = (t / J) * bstride + e % S;
     for (int j = 0; j < k; ++j) {
@@ -244,7 +265,10 @@ SOURCES = {
     out[i] = acc;
   }
 """,
-    # values [T], col [int32], rp [int32], x [T], p: n, ncols, nnz -> y [T] (n); L lanes a row
+    # values [T], col [int32], rp [int32], x [T], p: n, ncols, nnz -> y [T] (n); L lanes a row,
+    # each lane taking its entries j = a + lane, a + lane + L, ... E at a time: the E loads of
+    # values and col issued before any product (loads in flight, not one a thread), the sum in
+    # the same order as one at a time
     "spmv": r"""
   const IDX n = (IDX)p[0], ncols = (IDX)p[1], nnz = (IDX)p[2];
   const IDX tid = (IDX)blockIdx.x * blockDim.x + threadIdx.x;
@@ -255,7 +279,22 @@ SOURCES = {
     IDX a = (IDX)rp[row], b = (IDX)rp[row + 1];
     a = a < 0 ? 0 : (a > nnz ? nnz : a);
     b = b < a ? a : (b > nnz ? nnz : b);
-    for (IDX j = a + lane; j < b; j += L) {
+    IDX j = a + lane;
+    for (; j + (E - 1) * L < b; j += E * L) {
+      T v[E];
+      IDX c[E];
+#pragma unroll
+      for (int q = 0; q < E; ++q) {
+        v[q] = values[j + q * L];
+        c[q] = (IDX)col[j + q * L];
+      }
+#pragma unroll
+      for (int q = 0; q < E; ++q) {
+        const IDX cq = c[q] < 0 ? 0 : (c[q] >= ncols ? ncols - 1 : c[q]);
+        acc += (double)v[q] * (double)x[cq];
+      }
+    }
+    for (; j < b; j += L) {
       IDX c = (IDX)col[j];
       c = c < 0 ? 0 : (c >= ncols ? ncols - 1 : c);
       acc += (double)values[j] * (double)x[c];
@@ -458,6 +497,14 @@ def plan_gather_elements(data, indices, ax: int) -> dict[str, Any]:
     return planned("gather_elements", [data, indices], (ax,), build)
 
 
+def gather_nd_chunk(itemsize: int, S: int) -> int:
+    """Elements a gather_nd thread moves: a 16-byte chunk where a slice of S elements is whole
+    chunks, else 1. At rows of 16 float32 the chunks took 10^7-10^8 gathers from 1.08x
+    ``cupy.take`` of rows to 0.56-0.59x on an H100 (benchmarks/bench_cuda_variants.py)."""
+    v = 16 // itemsize if itemsize and 16 % itemsize == 0 else 1
+    return v if v > 1 and S % v == 0 else 1
+
+
 def plan_gather_nd(data, indices, b: int) -> dict[str, Any]:
     def build():
         k = indices.shape[-1]
@@ -468,10 +515,11 @@ def plan_gather_nd(data, indices, b: int) -> dict[str, Any]:
         S = math.prod(data.shape[b + k:])
         inner = _strides(data.shape[b:])[:k]
         params = [math.prod(out_shape), J, k, S, math.prod(data.shape[b:]), *data.shape[b:b + k], *inner]
+        V = gather_nd_chunk(data.dtype.size, S)
         return plan("gather_nd", params,
-                    [("T", _dtype_name(data.dtype)), ("I", _dtype_name(indices.dtype)),
+                    [("T", _dtype_name(data.dtype)), ("I", _dtype_name(indices.dtype)), ("V", V),
                      ("IDX", idx_dtype(math.prod(out_shape), math.prod(data.shape), indices.size))],
-                    out_shape, _dtype_name(data.dtype), math.prod(out_shape))
+                    out_shape, _dtype_name(data.dtype), math.prod(out_shape) // V)
     return planned("gather_nd", [data, indices], (b,), build)
 
 
@@ -523,13 +571,21 @@ RUN = 16  # scatter_walk sorts a cell's updates in registers up to this many
 REDUCTIONS = {"none": 0, "add": 1, "mul": 2, "max": 3, "min": 4}
 
 
-def lanes(n: int, nnz: int) -> int:
-    """Lanes per row: the power of two at or above the mean row length, in [1, 32]."""
-    mean = nnz / max(n, 1)
+def lanes(n: int, nnz: int, per_lane: int = 1) -> int:
+    """Lanes per row: the power of two at or above the mean row length over ``per_lane``, in
+    [1, 32]."""
+    mean = nnz / max(n, 1) / per_lane
     L = 1
     while L < mean and L < 32:
         L *= 2
     return L
+
+
+# Entries a spmv lane loads before using any: at 8 entries a row, one lane an entry (v7) left
+# one 8-byte load in flight a thread and ran at 1.4-1.8x cuSPARSE at 10^7-10^8 entries on an
+# H100; 2 lanes of 4 ran at 0.82x, 4 lanes of 2 at 0.96x, 1 lane of 8 as 2 of 4
+# (benchmarks/bench_cuda_variants.py).
+SPMV_PER_LANE = 4
 
 
 def _row_threads(op: str, n: int, L: int) -> int:
@@ -543,12 +599,12 @@ def plan_spmv(values, col, rp, x) -> dict[str, Any]:
     def build():
         n = rp.shape[0] - 1
         nnz = col.shape[0]
-        L = lanes(n, nnz)
+        L = lanes(n, nnz, SPMV_PER_LANE)
         threads = _row_threads("spmv", n, L)
         return plan("spmv", [n, x.shape[0], nnz],
                     [("T", _dtype_name(values.dtype)), ("C", _dtype_name(col.dtype)),
                      ("R", _dtype_name(rp.dtype)), ("X", _dtype_name(x.dtype)), ("L", L),
-                     ("IDX", idx_dtype(threads, nnz + 1, x.shape[0]))], (n,),
+                     ("E", SPMV_PER_LANE), ("IDX", idx_dtype(threads, nnz + 1, x.shape[0]))], (n,),
                     _dtype_name(values.dtype), threads, whole_blocks=True)
     return planned("spmv", [values, col, rp, x], (), build)
 
