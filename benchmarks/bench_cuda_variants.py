@@ -1,30 +1,35 @@
-"""Experiments for issue 19 item 3, not the shipped kernels: variants of the SpMV and the gathers
-(backends/mlx/cuda_kernels.py) side by side with the shipped kernels, the CuPy/cuSPARSE anchors,
+"""Experiments for issue 19 item 3: variants of the custom ops' CUDA kernels
+(backends/mlx/cuda_kernels.py) side by side with the shipped ones, the CuPy/cuSPARSE anchors,
 and the floor of any MLX launch.
 
     PYTHONPATH=benchmarks:. python benchmarks/bench_cuda_variants.py [--sizes 1e6,1e7,1e8]
-        [--min-time 0.2] [--only spmv,gather,floor] [--json PATH]
+        [--min-time 0.2] [--only spmv,gather,scatter,floor] [--json PATH]
 
-Why (benchmarks/README.md, "Custom ops on a GPU"): the shipped SpMV gives a CSR row ``L`` lanes,
-``L`` the power of two at or above the mean row length (8 for the benchmark's 8 entries a row),
-so each lane loads one value and one column, then waits for ``x[c]``: one load of 8 bytes in
-flight a thread, which is too few to cover HBM's latency at 10^7-10^8 entries (1.4-1.8x
-cuSPARSE). The variants here give a row fewer lanes and each lane ``E`` entries whose loads are
-issued before any is used (``L * E`` covers the row), optionally reading ``x`` through the
-read-only cache (``__ldg``). The gathers are within 3-8 % of ``cupy.take`` at 10^7: GatherND
-(rows of 16 floats) is tried with one thread moving a 16-byte chunk of a row instead of one
-element (a quarter of the threads, index loads and divisions), GatherElements with ``E``
-elements a thread. ``floor`` times the cheapest possible MLX launch (a copy kernel through the
-same ``mx.fast.cuda_kernel`` path, and ``x + 1``) against CuPy's copy: at 10^6 elements a
-gather's GPU work is ~10 us, so the floor says what "at least as fast as ``cupy.take``" can mean
-there.
+What each experiment asks (results: benchmarks/README.md, "More loads in flight"):
 
-Correctness, so that a faster but wrong variant cannot pass: a gather variant's output must be
-the shipped kernel's bits; an SpMV variant sums a row in another order (float64 accumulation of
-exact float32 products, rounded once), so its output is compared with the shipped kernel's
-(count of differing elements) and with an exact reference (the row sums in float64 of the
-products, which are exact in float64, rounded to float32: max ulp). Timing as bench_gpu_custom.py
-(its ``sample``): warm-up outside, batches between two synchronisations, median and p10-p90.
+* ``spmv``: kernels v7 gave a CSR row ``L`` lanes, ``L`` the power of two at or above the mean
+  row length (8 for the benchmark's 8 entries a row), so each lane loaded one value and one
+  column, then waited for ``x[c]``: one 8-byte load in flight a thread, too few to cover HBM's
+  latency at 10^7-10^8 entries (1.4-1.8x cuSPARSE). The shipped kernel (v8) takes ``L`` and the
+  entries a lane ``E`` as templates; this runs it with ``(L, E)`` = (8, 1) (v7's loads and
+  order), (4, 2), (2, 4) and (1, 8). (The first run, at 546035f, used its own copy of the kernel
+  with a switch to read ``x`` through ``__ldg``, which changed nothing.)
+* ``gather``: GatherND through the shipped kernel with one element a thread (v7) and with the
+  16-byte chunks v8 chooses; GatherElements (a take) with 1, 2 or 4 elements a thread, and with
+  the index stream loaded evict-first (``__ldcs``) and also the output so stored (``__stcs``),
+  so that at 10^7 the 40 MB of data might stay in the L2.
+* ``scatter``: the shipped walk against one that loads each update's value beside its link
+  (two independent random loads an element instead of a walk of the links, then the values).
+* ``floor``: the cheapest MLX launches (a copy kernel through the same ``mx.fast.cuda_kernel``
+  path, and ``x + 1``) against CuPy's: at 10^6 elements a gather's GPU work is ~10 us, so this
+  says what "at least as fast as ``cupy.take``" can mean there.
+
+Correctness, so that a faster but wrong variant cannot pass: a gather or scatter variant's
+output must be the shipped kernel's bits (the scatter also on cells of hundreds of updates, the
+walk's merge sort); an SpMV variant sums a row in another order (float64 accumulation of exact
+float32 products, rounded once), so its output is compared with the shipped kernel's (count of
+differing elements) and with exact row sums (max ulp). Timing as bench_gpu_custom.py (its
+``sample``): warm-up outside, batches between two synchronisations, median and p10-p90.
 
 The variant kernels are registered under their own names in the module's SOURCES/SIGNATURES for
 this process only; nothing else sees them. Needs MLX's CUDA build and CuPy.
@@ -38,44 +43,6 @@ import numpy as np
 
 from bench_gpu_custom import anchor_fn, cupy_batch, inputs, mlx_batch, sample
 
-# values [T], col [C], rp [R], x [X], p: n, ncols, nnz -> y [T] (n). L lanes a row, each taking
-# E entries a step (loads first, then the products); G: read x through __ldg.
-SPMV = r"""
-  const IDX n = (IDX)p[0], ncols = (IDX)p[1], nnz = (IDX)p[2];
-  const IDX tid = (IDX)blockIdx.x * blockDim.x + threadIdx.x;
-  const IDX row = tid / L;
-  const int lane = (int)(tid % L);
-  double acc = 0.0;
-  if (row < n) {
-    IDX a = (IDX)rp[row], b = (IDX)rp[row + 1];
-    a = a < 0 ? 0 : (a > nnz ? nnz : a);
-    b = b < a ? a : (b > nnz ? nnz : b);
-    IDX j = a + lane;
-    for (; j + (E - 1) * L < b; j += E * L) {
-      T v[E];
-      IDX c[E];
-#pragma unroll
-      for (int k = 0; k < E; ++k) { v[k] = values[j + k * L]; c[k] = (IDX)col[j + k * L]; }
-#pragma unroll
-      for (int k = 0; k < E; ++k) {
-        const IDX ck = c[k] < 0 ? 0 : (c[k] >= ncols ? ncols - 1 : c[k]);
-        acc += (double)v[k] * (double)(G ? __ldg(&x[ck]) : x[ck]);
-      }
-    }
-    for (; j < b; j += L) {
-      IDX c = (IDX)col[j];
-      c = c < 0 ? 0 : (c >= ncols ? ncols - 1 : c);
-      acc += (double)values[j] * (double)(G ? __ldg(&x[c]) : x[c]);
-    }
-  }
-  for (int off = L / 2; off > 0; off >>= 1) {
-    acc += __shfl_down_sync(0xffffffffu, acc, off, L);
-  }
-  if (row < n && lane == 0) {
-    y[row] = (T)acc;
-  }
-"""
-
 # GatherElements of rank 1 (a take), E elements a thread at a stride of the thread count.
 TAKE = r"""
   const IDX total = (IDX)p[0], s = (IDX)p[1];
@@ -88,27 +55,6 @@ TAKE = r"""
   for (int k = 0; k < E; ++k) {
     const IDX e = e0 + k * nt;
     if (e < total) out[e] = data[(IDX)rlx_fix((rlx_i64)iv[k], s)];
-  }
-"""
-
-# GatherND with one thread a W-byte chunk of a slice (W = 16: uint4); the params as the shipped
-# gather_nd's, in chunks (every offset is a multiple of S, which is a multiple of the chunk).
-GATHER_ND_VEC = r"""
-  typedef uint4 W;
-  const W* src = reinterpret_cast<const W*>(data);
-  W* dst = reinterpret_cast<W*>(out);
-  const IDX total = (IDX)p[0], J = (IDX)p[1], S = (IDX)p[3], bstride = (IDX)p[4];
-  const int k = (int)p[2];
-  const int64_t* sizes = p + 5;
-  const int64_t* strides = p + 5 + k;
-  const IDX step = (IDX)gridDim.x * blockDim.x;
-  for (IDX e = (IDX)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += step) {
-    const IDX t = e / S;
-    IDX off = (t / J) * bstride + e % S;
-    for (int j = 0; j < k; ++j) {
-      off += (IDX)rlx_fix((rlx_i64)idx[t * k + j], sizes[j]) * (IDX)strides[j];
-    }
-    dst[e] = src[off];
   }
 """
 
@@ -167,20 +113,19 @@ COPY = r"""
 
 
 def register(ck) -> None:
-    ck.SOURCES["xp_spmv"], ck.SIGNATURES["xp_spmv"] = SPMV, (["values", "col", "rp", "x", "p"], ["y"])
     ck.SOURCES["xp_take"], ck.SIGNATURES["xp_take"] = TAKE, (["data", "idx", "p"], ["out"])
-    ck.SOURCES["xp_gnd_vec"], ck.SIGNATURES["xp_gnd_vec"] = GATHER_ND_VEC, (["data", "idx", "p"], ["out"])
     ck.SOURCES["xp_copy"], ck.SIGNATURES["xp_copy"] = COPY, (["inp", "p"], ["out"])
     ck.SOURCES["xp_take_hint"], ck.SIGNATURES["xp_take_hint"] = TAKE_HINT, (["data", "idx", "p"], ["out"])
     ck.SOURCES["xp_walk_par"], ck.SIGNATURES["xp_walk_par"] = WALK_PAR, ck.SIGNATURES["scatter_walk"]
 
 
-def spmv_variant(ck, values, col, rp, x, L: int, E: int, G: int):
+def spmv_variant(ck, values, col, rp, x, L: int, E: int):
+    """The shipped spmv kernel with L lanes a row and E entries a lane (L 8, E 1: kernels v7)."""
     n, nnz = rp.shape[0] - 1, col.shape[0]
     threads = -(-(n * L) // ck.BLOCK) * ck.BLOCK
-    pl = ck.plan("xp_spmv", [n, x.shape[0], nnz],
+    pl = ck.plan("spmv", [n, x.shape[0], nnz],
                  [("T", "float32"), ("C", "int32"), ("R", "int32"), ("X", "float32"), ("L", L),
-                  ("E", E), ("G", G), ("IDX", ck.idx_dtype(threads, nnz + 1, x.shape[0]))],
+                  ("E", E), ("IDX", ck.idx_dtype(threads, nnz + 1, x.shape[0]))],
                  (n,), "float32", threads, whole_blocks=True)
     return lambda: ck.launch({**pl, "inputs": [values, col, rp, x]})
 
@@ -210,16 +155,13 @@ def scatter_par(ck, data, indices, updates, ax):
     return ck.launch({**wk, "name": "xp_walk_par"})[0]
 
 
-def gather_nd_vec(ck, data, idx):
-    """GatherND (batch_dims 0) in 16-byte chunks; data float32 with rows a multiple of 4."""
-    c = 16 // data.dtype.size
-    shipped = ck.plan_gather_nd(data, idx, 0)
-    total, J, k, S, bstride, *rest = shipped["params"]
-    kk = int(k)
-    sizes, strides = rest[:kk], rest[kk:]
-    params = [total // c, J, k, S // c, bstride // c, *sizes, *[s // c for s in strides]]
-    pl = ck.plan("xp_gnd_vec", params, shipped["templates"], shipped["out_shape"], "float32",
-                 total // c)
+def gather_nd_variant(ck, data, idx, V: int):
+    """The shipped gather_nd (batch_dims 0) with V elements a thread: 1 is kernels v7's one
+    element a thread, 16 // itemsize the 16-byte chunks v8 chooses where it can."""
+    pl = ck.plan_gather_nd(data, idx, 0)
+    total = pl["params"][0]
+    tpl = [(k, V if k == "V" else v) for k, v in pl["templates"]]
+    pl = ck.plan("gather_nd", list(pl["params"]), tpl, pl["out_shape"], pl["out_dtype"], total // V)
     return lambda: ck.launch({**pl, "inputs": [data, idx]})
 
 
@@ -245,7 +187,7 @@ def ulps(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def run_spmv(ck, mx, cp, sizes, min_time, emit) -> None:
-    variants = [(8, 1, 0), (8, 1, 1), (4, 2, 0), (4, 2, 1), (2, 4, 0), (2, 4, 1), (1, 8, 0), (1, 8, 1)]
+    variants = [(8, 1), (4, 2), (2, 4), (1, 8)]
     for size in sizes:
         ins, _, traffic = inputs("rlx_sparse.mat_vec", size)
         v, c, rp, x = ins
@@ -255,10 +197,10 @@ def run_spmv(ck, mx, cp, sizes, min_time, emit) -> None:
         shipped = np.array(ck.spmv(*m))
         r = {"exp": "spmv", "size": size, "shipped_ulp": ulps(shipped, ref)}
         r["shipped"] = sample(mlx_batch(lambda: ck.spmv(*m)), min_time)["median"]
-        for L, E, G in variants:
-            fn = spmv_variant(ck, *m, L, E, G)
+        for L, E in variants:
+            fn = spmv_variant(ck, *m, L, E)
             out = np.array(fn())
-            name = f"L{L}E{E}" + ("g" if G else "")
+            name = f"L{L}E{E}"
             r[name] = sample(mlx_batch(fn), min_time)["median"]
             r[name + "_diff"] = int(np.count_nonzero(out.view(np.uint32) != shipped.view(np.uint32)))
             r[name + "_ulp"] = ulps(out, ref)
@@ -296,12 +238,10 @@ def run_gather(ck, mx, cp, sizes, min_time, emit) -> None:
         ins, _, _ = inputs("onnx.GatherND", size)
         m = [mx.array(a) for a in ins]
         mx.eval(m)
-        shipped = np.array(ck.gather_nd(*m, 0))
-        fn = gather_nd_vec(ck, *m)
-        r = {"exp": "gather_nd", "size": size,
-             "vec_same": bool(np.array_equal(np.array(fn()).view(np.uint32), shipped.view(np.uint32))),
-             "shipped": sample(mlx_batch(lambda: ck.gather_nd(*m, 0)), min_time)["median"],
-             "vec16": sample(mlx_batch(fn), min_time)["median"]}
+        one, chunk = gather_nd_variant(ck, *m, 1), gather_nd_variant(ck, *m, 4)
+        r = {"exp": "gather_nd", "size": size, "same": same_bits(one(), chunk()),
+             "one": sample(mlx_batch(one), min_time)["median"],
+             "chunk16": sample(mlx_batch(chunk), min_time)["median"]}
         fn = anchor_fn("onnx.GatherND", ins, {})
         r["anchor"] = sample(cupy_batch(fn), min_time)["median"]
         emit(r)
