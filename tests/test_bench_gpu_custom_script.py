@@ -60,3 +60,15 @@ def test_variant_checks_catch_a_wrong_spmv():
     wrong = ref.copy()
     wrong[7] += 1e-3  # one row summed wrongly
     assert mod.ulps(ref, wrong) > 1000
+
+
+def test_peak_is_the_run_gpus():
+    """%peak divides by the HBM peak of the GPU the run is on: an H100 is not an H200."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_gpu_custom as b
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert b.peak_gbs("NVIDIA H100 80GB HBM3") == 3350.0
+    assert b.peak_gbs("NVIDIA H200") == 4800.0
+    assert b.peak_gbs("some other GPU") == b.PEAK_GBS
