@@ -39,6 +39,7 @@ def _cases(op):
 
 # -- numpy emulation of the kernel bodies --------------------------------------------------------
 def _fix(i, n):
+    """rlx_fix: an ONNX index (negative from the end), clamped (the sparse kernels only clamp)."""
     i = np.where(i < 0, i + n, i)
     return np.clip(i, 0, n - 1)
 
@@ -142,7 +143,7 @@ def _emulate(pl):
         for row in range(n):
             a, b = int(np.clip(rp[row], 0, nnz)), int(rp[row + 1])
             b = min(max(b, a), nnz)
-            lanes = [sum(float(values[j]) * float(x[_fix(int(col[j]), ncols)])
+            lanes = [sum(float(values[j]) * float(x[min(max(int(col[j]), 0), ncols - 1)])
                          for j in range(a + lane, b, L)) for lane in range(L)]
             while len(lanes) > 1:  # the shuffle tree: lane l += lane l + off
                 half = len(lanes) // 2
@@ -157,7 +158,7 @@ def _emulate(pl):
         for row in range(n):
             a = int(np.clip(rp[row], 0, nnz))
             b = min(max(int(rp[row + 1]), a), nnz)
-            out[a:b] = u[row] * v[_fix(col[a:b].astype(np.int64), m)]
+            out[a:b] = u[row] * v[np.clip(col[a:b].astype(np.int64), 0, m - 1)]
         return out
     raise KeyError(name)
 
@@ -387,6 +388,11 @@ def _host_body(name: str, templates, source: str | None = None) -> str:
 def _host_library(tmp_path, src: str):
     """``src`` (C++) built as a shared library under tmp_path, once per distinct source, and
     loaded; skips the test where no C++ compiler is installed."""
+    return _host_library_flags(tmp_path, src, [])
+
+
+def _host_library_flags(tmp_path, src: str, flags: list[str]):
+    """:func:`_host_library` with extra compiler flags."""
     import ctypes
     import hashlib
     import shutil
@@ -399,7 +405,7 @@ def _host_library(tmp_path, src: str):
     lib = tmp_path / f"{name}.so"
     if not lib.exists():
         (tmp_path / f"{name}.cpp").write_text(src)
-        r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(lib),
+        r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", *flags, "-o", str(lib),
                             str(tmp_path / f"{name}.cpp")], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
     return ctypes.CDLL(str(lib))
@@ -590,6 +596,131 @@ def test_a_wrong_chunk_offset_is_caught_on_the_host(tmp_path):
     assert np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 0)[0])
     assert not np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 0, wrong)[0])
     assert np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 1, wrong)[0])  # element path
+
+
+# spmv's lanes talk through __shfl_down_sync, so its host run gives each lane of a row a thread
+# (the thread indices thread_local) and the shuffle a slot array and a barrier per row.
+_HOST_WARP_PRELUDE = r"""
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+#define __device__
+#define __forceinline__ inline
+#define __global__
+struct rlx_dim3 { unsigned x; };
+static thread_local rlx_dim3 blockIdx{0}, threadIdx{0};
+static rlx_dim3 gridDim{1}, blockDim{1};
+struct rlx_warp {
+  std::mutex m; std::condition_variable cv; int width, arrived = 0; long gen = 0;
+  std::vector<double> slot;
+  explicit rlx_warp(int w) : width(w), slot(w) {}
+  void wait() {
+    std::unique_lock<std::mutex> lk(m);
+    long g = gen;
+    if (++arrived == width) { arrived = 0; ++gen; cv.notify_all(); }
+    else cv.wait(lk, [&] { return gen != g; });
+  }
+};
+static thread_local rlx_warp* rlx_my_warp = nullptr;
+static double __shfl_down_sync(unsigned, double v, int delta, int width) {
+  rlx_warp& w = *rlx_my_warp;
+  const int lane = (int)threadIdx.x % width;
+  w.slot[lane] = v;
+  w.wait();
+  const double r = lane + delta < width ? w.slot[lane + delta] : v;
+  w.wait();
+  return r;
+}
+"""
+
+
+def _host_spmv(tmp_path, templates, source=None):
+    """spmv's source built for these templates; run(values, col, rp, x, params, L) -> y, a row's
+    L lanes as threads (blockDim L, a block a row)."""
+    import ctypes
+
+    tpl = dict(templates)
+    types = {k: _CUDA_TYPES[v] for k, v in tpl.items() if isinstance(v, str)}
+    consts = [f"constexpr int {k} = {v};" for k, v in tpl.items() if isinstance(v, int)]
+    src = "\n".join([
+        _HOST_WARP_PRELUDE, *[f"using {k} = {t};" for k, t in types.items()],
+        "static void k_spmv(const T* values, const C* col, const R* rp, const X* x, const int64_t* p, T* y) {",
+        *consts, source if source is not None else ck.SOURCES["spmv"], "}",
+        'extern "C" void run(const void* values, const void* col, const void* rp, const void* x,',
+        "                    const int64_t* p, void* y, int64_t n) {",
+        f"  const int L = {tpl['L']};",
+        "  blockDim.x = (unsigned)L; gridDim.x = (unsigned)n;",
+        "  for (int64_t row = 0; row < n; ++row) {",
+        "    rlx_warp w(L);",
+        "    std::vector<std::thread> lanes;",
+        "    for (int lane = 0; lane < L; ++lane) lanes.emplace_back([&, lane] {",
+        "      blockIdx.x = (unsigned)row; threadIdx.x = (unsigned)lane; rlx_my_warp = &w;",
+        "      k_spmv((const T*)values, (const C*)col, (const R*)rp, (const X*)x, p, (T*)y);",
+        "    });",
+        "    for (auto& t : lanes) t.join();",
+        "  }",
+        "}"])
+    so = _host_library_flags(tmp_path, src, ["-pthread"])
+    ptr = ctypes.c_void_p
+
+    def run(values, col, rp, x, params):
+        n = rp.size - 1
+        y = np.zeros(n, values.dtype)
+        arrs = [np.ascontiguousarray(a) for a in (values, col, rp, x)]
+        pp = np.asarray(params, np.int64)
+        so.run(*[ptr(a.ctypes.data) for a in arrs], ptr(pp.ctypes.data), ptr(y.ctypes.data), ctypes.c_int64(n))
+        return y
+    return run
+
+
+def _spmv_host_cases():
+    """CSR matrices whose rows cover 0, 1, fewer than, exactly and more than L * E entries, at
+    mean row lengths that choose L = 1, 2, 8, 16 and 32 (E = 4); plus out-of-range columns."""
+    rng = np.random.default_rng(23)
+    for lengths in ([0, 1, 3, 4, 5, 9, 2], [7, 8, 9, 0, 16, 1, 12], [20, 17, 31, 0, 33, 9],
+                    [40, 33, 31, 64, 0, 29], [300, 129, 128, 0, 257]):
+        rp = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        nnz, ncols = int(rp[-1]), 50
+        col = rng.integers(-2, ncols + 2, nnz).astype(np.int32)  # a few out of range: clamped
+        yield (rng.standard_normal(nnz).astype(np.float32), col, rp,
+               rng.standard_normal(ncols).astype(np.float32))
+
+
+def test_spmv_source_runs_on_the_host(tmp_path):
+    """spmv's CUDA source on the host, each lane a thread and the shuffles through a barrier: the
+    numpy emulation's sums (each lane's entries in order, then the shuffle tree) bit for bit, for
+    rows that end inside, at and past a step of E entries, and L from 1 to 32."""
+    seen = set()
+    for values, col, rp, x in _spmv_host_cases():
+        pl = ck.plan_spmv(*(mx.array(a) for a in (values, col, rp, x)))
+        seen.add(dict(pl["templates"])["L"])
+        expected = _emulate({**pl, "inputs": [values, col, rp, x]})
+        got = _host_spmv(tmp_path, pl["templates"])(values, col, rp, x, pl["params"])
+        assert np.array_equal(expected.view(np.uint32), got.view(np.uint32)), dict(pl["templates"])
+    assert seen == {1, 2, 8, 16, 32}
+
+
+@pytest.mark.parametrize("mutation", ["batch skips an entry", "no tail", "tail from the row's start"])
+def test_a_wrong_spmv_is_caught_on_the_host(mutation, tmp_path):
+    """Deliberately wrong spmv bodies (the step of E entries or the remainder after it lost):
+    the host run of the previous test must reject each."""
+    src = ck.SOURCES["spmv"]
+    old, new = {
+        "batch skips an entry": ("j += E * L)", "j += (E + 1) * L)"),
+        "no tail": ("for (; j < b; j += L)", "for (; j < b && false; j += L)"),
+        "tail from the row's start": ("for (; j < b; j += L)", "for (j = a + lane; j < b; j += L)"),
+    }[mutation]
+    assert old in src
+    wrong = src.replace(old, new)
+    caught = False
+    for values, col, rp, x in _spmv_host_cases():
+        pl = ck.plan_spmv(*(mx.array(a) for a in (values, col, rp, x)))
+        expected = _emulate({**pl, "inputs": [values, col, rp, x]})
+        got = _host_spmv(tmp_path, pl["templates"], wrong)(values, col, rp, x, pl["params"])
+        caught |= not np.array_equal(expected.view(np.uint32), got.view(np.uint32))
+    assert caught
 
 
 @pytest.mark.parametrize("op", ["onnx.ScatterElements", "onnx.ScatterND"])
