@@ -304,7 +304,7 @@ def test_validate_entry_points_wrap_the_custom_kernels():
 
 # CUDA types of the dtypes used below, as MLX's dtype_to_cuda_type spells them
 _CUDA_TYPES = {"float32": "float", "int64": "int64_t", "int32": "int32_t", "uint8": "uint8_t",
-               "uint64": "uint64_t", "int8": "int8_t"}
+               "uint64": "uint64_t", "int8": "int8_t", "int16": "int16_t"}
 # kernel -> (inputs' dtypes, outputs' dtypes, templates): each kernel once, the index widths and
 # KINDs varied across them
 _NVCC = {
@@ -555,11 +555,11 @@ def _host_gather_nd(tmp_path, templates, source=None):
 
 
 def _gather_nd_host_cases():
-    """GatherND inputs: rows of 16 float32 (4 a chunk), 6 float32 (no chunks), 32 int8 and 4
-    int64 (16 and 2 a chunk), batch_dims 0 and 1."""
+    """GatherND inputs: rows of 16 float32 (4 a chunk), 6 float32 (no chunks), 32 int8, 24 int16
+    and 4 int64 (16, 8 and 2 a chunk), batch_dims 0 and 1."""
     rng = np.random.default_rng(17)
     for shape, dtype, b in (((9, 16), np.float32, 0), ((9, 6), np.float32, 0), ((5, 3, 32), np.int8, 0),
-                            ((2, 7, 4), np.int64, 1), ((3, 4, 8), np.float32, 1)):
+                            ((4, 3, 8), np.int16, 0), ((2, 7, 4), np.int64, 1), ((3, 4, 8), np.float32, 1)):
         data = (rng.standard_normal(shape) * 100).astype(dtype)
         idx = rng.integers(-shape[b], shape[b], (*shape[:b], 5, 1))
         yield data, idx, b
@@ -583,7 +583,7 @@ def test_gather_nd_source_runs_on_the_host(tmp_path):
             got, V = _gather_nd_host(tmp_path, data, idx, b, shift)
             assert np.array_equal(expected.view(np.uint8), got.view(np.uint8)), (data.shape, b, shift)
         chunked += V > 1
-    assert chunked == 4
+    assert chunked == 5
 
 
 def test_a_wrong_chunk_offset_is_caught_on_the_host(tmp_path):
