@@ -60,6 +60,8 @@ PEAK_GBS = 4800.0  # an unknown device: the H200's, as issue 19's figures were
 
 def peak_gbs(device_name: str) -> float:
     return next((v for k, v in PEAKS_GBS.items() if k in device_name), PEAK_GBS)
+
+
 ROW = 16  # GatherND / ScatterND slice width
 
 
@@ -262,11 +264,11 @@ def main() -> None:
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     ops = [s.name for s in all_ops() if s.family == "custom" and s.name != "rlx_sparse.lu_solve"
            and any(fnmatch.fnmatchcase(s.name, p) for p in args.ops.split(","))]
-    name = str(mx.device_info().get("device_name", "")) if gpu else ""
+    device = mx.device_info() if gpu else {}
     info = {"tag": args.tag, "mlx": mx.__version__, "cuda_kernels": gpu,
             "kernel_version": getattr(ck, "VERSION", "?"),
-            "device": str(mx.device_info()) if gpu else "no CUDA GPU", "min_time": args.min_time,
-            "peak_gbs": peak_gbs(name)}
+            "device": str(device) if gpu else "no CUDA GPU", "min_time": args.min_time,
+            "peak_gbs": peak_gbs(str(device.get("device_name", "")))}
     if "anchor" in cols:
         import cupy as cp
         info["cupy"] = cp.__version__

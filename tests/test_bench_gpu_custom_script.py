@@ -33,20 +33,12 @@ def test_rows_over_processes(tmp_path):
 def test_variant_checks_catch_a_wrong_spmv():
     """bench_cuda_variants.py judges an SpMV variant by its max ulp against exact row sums: the
     helpers must find a wrong sum and a one-ulp step, and agree with scipy where exact."""
-    import importlib.util
-
     import numpy as np
     import scipy.sparse as sp
+    from benchmark_scripts import load
 
-    bench = SCRIPT.parent
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_cuda_variants", bench / "bench_cuda_variants.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(bench))
-    from bench_gpu_custom import banded_csr
+    mod = load("bench_cuda_variants")
+    banded_csr = load("bench_gpu_custom").banded_csr
 
     rng = np.random.default_rng(3)
     v, c, rp = banded_csr(rng, 500)
@@ -64,11 +56,9 @@ def test_variant_checks_catch_a_wrong_spmv():
 
 def test_peak_is_the_run_gpus():
     """%peak divides by the HBM peak of the GPU the run is on: an H100 is not an H200."""
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import bench_gpu_custom as b
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from benchmark_scripts import load
+
+    b = load("bench_gpu_custom")
     assert b.peak_gbs("NVIDIA H100 80GB HBM3") == 3350.0
     assert b.peak_gbs("NVIDIA H200") == 4800.0
     assert b.peak_gbs("some other GPU") == b.PEAK_GBS

@@ -12,7 +12,6 @@ are bit-identical run to run.
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -358,11 +357,13 @@ def test_sources_compile_with_nvcc(tmp_path):
 # exchange, the thread indices globals), ``scatter_link``'s threads called one at a time in a
 # shuffled order (the order the atomics may run in) and ``scatter_walk``'s cells in one
 # grid-stride loop: the result must be the reference's bits. A C++ compiler is all it needs.
-_HOST_PRELUDE = r"""
+_HOST_BASE = r"""
 #include <cstdint>
 #define __device__
 #define __forceinline__ inline
 struct rlx_dim3 { unsigned x; };
+"""
+_HOST_PRELUDE = _HOST_BASE + r"""
 static rlx_dim3 gridDim{1}, blockDim{1}, blockIdx{0}, threadIdx{0};
 static int atomicExch(int* a, int v) { int o = *a; *a = v; return o; }
 static unsigned long long atomicExch(unsigned long long* a, unsigned long long v) {
@@ -385,14 +386,9 @@ def _host_body(name: str, templates, source: str | None = None) -> str:
                       source if source is not None else ck.SOURCES[name], "}"])
 
 
-def _host_library(tmp_path, src: str):
-    """``src`` (C++) built as a shared library under tmp_path, once per distinct source, and
-    loaded; skips the test where no C++ compiler is installed."""
-    return _host_library_flags(tmp_path, src, [])
-
-
-def _host_library_flags(tmp_path, src: str, flags: list[str]):
-    """:func:`_host_library` with extra compiler flags."""
+def _host_library(tmp_path, src: str, flags: tuple[str, ...] = ()):
+    """``src`` (C++) built with ``flags`` as a shared library under tmp_path, once per distinct
+    source, and loaded; skips the test where no C++ compiler is installed."""
     import ctypes
     import hashlib
     import shutil
@@ -401,7 +397,7 @@ def _host_library_flags(tmp_path, src: str, flags: list[str]):
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler here")
-    name = f"host_{hashlib.sha256(src.encode()).hexdigest()[:12]}"
+    name = f"host_{hashlib.sha256(' '.join([src, *flags]).encode()).hexdigest()[:12]}"
     lib = tmp_path / f"{name}.so"
     if not lib.exists():
         (tmp_path / f"{name}.cpp").write_text(src)
@@ -600,16 +596,11 @@ def test_a_wrong_chunk_offset_is_caught_on_the_host(tmp_path):
 
 # spmv's lanes talk through __shfl_down_sync, so its host run gives each lane of a row a thread
 # (the thread indices thread_local) and the shuffle a slot array and a barrier per row.
-_HOST_WARP_PRELUDE = r"""
+_HOST_WARP_PRELUDE = _HOST_BASE + r"""
 #include <condition_variable>
-#include <cstdint>
 #include <mutex>
 #include <thread>
 #include <vector>
-#define __device__
-#define __forceinline__ inline
-#define __global__
-struct rlx_dim3 { unsigned x; };
 static thread_local rlx_dim3 blockIdx{0}, threadIdx{0};
 static rlx_dim3 gridDim{1}, blockDim{1};
 struct rlx_warp {
@@ -662,7 +653,7 @@ def _host_spmv(tmp_path, templates, source=None):
         "    for (auto& t : lanes) t.join();",
         "  }",
         "}"])
-    so = _host_library_flags(tmp_path, src, ["-pthread"])
+    so = _host_library(tmp_path, src, ("-pthread",))
     ptr = ctypes.c_void_p
 
     def run(values, col, rp, x, params):
@@ -730,17 +721,10 @@ def test_the_packed_scatter_experiment_runs_on_the_host(op, tmp_path):
     above: the reference's bits for short and long lists, float32 add, so that the benchmark
     measures a right variant."""
     import ctypes
-    import importlib.util
-    import sys
 
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_scatter_packed", bench / "bench_scatter_packed.py")
-        xp = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(xp)
-    finally:
-        sys.path.remove(str(bench))
+    from benchmark_scripts import load
+
+    xp = load("bench_scatter_packed")
     kind = 0 if op == "onnx.ScatterElements" else 1
     src = "\n".join([
         _HOST_PRELUDE, ck.HEADER,
