@@ -215,19 +215,14 @@ def cg_parts(mx, margs, attrs, entry, min_time: float) -> dict[str, float]:
     t8 = sample(mlx_batch(lambda: entry.fn(*margs, max_iter=8, tol=attrs["tol"])), min_time)
     spmv = sample(mlx_batch(lambda: custom.mat_vec(values, col, rp, b)), min_time)
     x, r, p = b * 0.5, b, b * 0.25
-    mx.eval(x, r, p)
     rs = mx.sum(r * r)
-    done = mx.sqrt(rs) < attrs["tol"]
-    one = mx.ones_like(rs)
+    tol = mx.array(attrs["tol"], rs.dtype)
+    done = mx.sqrt(rs) < tol
+    mx.eval(x, r, p, rs, done)
+    step = custom.cg_step_here()
 
-    def vec():  # the vector ops of one iteration of custom.cg_solve, ap given
-        ap = p
-        alpha = rs / mx.where(done, one, mx.sum(p * ap))
-        x_new, r_new = x + alpha * p, r - alpha * ap
-        rs_new = mx.sum(r_new * r_new)
-        p_new = r_new + (rs_new / mx.where(done, one, rs)) * p
-        return [mx.where(done, x, x_new), mx.where(done, r, r_new), mx.where(done, p, p_new),
-                done | (mx.sqrt(rs_new) < attrs["tol"])]
+    def vec():  # the vector operations of one iteration, as custom.cg_solve runs them, ap given
+        return list(step(x, r, p, p, rs, done, tol))
     vops = sample(mlx_batch(vec), min_time)
     it = (t24["median"] - t8["median"]) / 16
     return {"iter": it, "spmv": spmv["median"], "vec": vops["median"],

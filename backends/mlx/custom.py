@@ -248,10 +248,45 @@ def lu_solve(values, col_idx, row_ptr, b):
     return x
 
 
+def cg_step(x, r, p, ap, rs, done, tol):
+    """One CG update given ``ap = A p``: the new (x, r, p, rs, done). Once ``done``, the step keeps
+    the old values (mx.where): under mx.compile cg_solve runs all max_iter steps. ``tol`` is an
+    array, so that a compiled step does not keep its first trace's tolerance as a constant.
+
+    Once converged a lane's step is discarded, but its divisions still run on r = p = 0: 0/0
+    there is harmless to the values and poisons the derivative (where's VJP sends 0 into the
+    unselected branch, and 0 * inf = NaN), so it divides by 1 instead. The convergence test goes
+    through stop_gradient: MLX's VJP of a comparison sends a zero cotangent back into its
+    operands, and sqrt's derivative at rs = 0 is inf."""
+    one = mx.ones_like(rs)
+    alpha = rs / mx.where(done, one, mx.sum(p * ap))
+    x_new = x + alpha * p
+    r_new = r - alpha * ap
+    rs_new = mx.sum(r_new * r_new)
+    p_new = r_new + (rs_new / mx.where(done, one, rs)) * p
+    rs = mx.where(done, rs, rs_new)
+    return (mx.where(done, x, x_new), mx.where(done, r, r_new), mx.where(done, p, p_new), rs,
+            done | (mx.sqrt(mx.stop_gradient(rs)) < tol))
+
+
+# On a GPU stream one iteration's vector operations are about twenty kernels of a few
+# microseconds each on vectors of 10^6 rows, so launches, not memory, set the iteration's time.
+# mx.compile fuses the element-wise chains between the two reductions (benchmarks/README.md,
+# "cg_solve's iteration"). Elsewhere the step runs as written: MLX's CPU compile costs a C++
+# build per new program, more than it saves on the matrix's small systems.
+cg_step_fused = mx.compile(cg_step)
+
+
+def cg_step_here():
+    """The step cg_solve uses on the current stream: fused on a GPU, as written on the CPU."""
+    return cg_step_fused if mx.default_device().type == mx.gpu else cg_step
+
+
 @kernel("rlx_sparse.cg_solve")
 def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     concrete = True  # eager and lazy: stop once converged; under mx.compile: all max_iter steps
     n = b.shape[0]
+    step = cg_step_here()
     if _cuda.active() and col_idx.shape[0]:
         cuda_spmv = _cuda_spmv()
 
@@ -266,25 +301,10 @@ def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     r = b
     p = r
     rs = mx.sum(r * r)
-    # The convergence test through stop_gradient: MLX's VJP of a comparison sends a zero
-    # cotangent back into its operands, and sqrt's derivative at rs = 0 is inf (0 * inf = NaN).
-    done = mx.sqrt(mx.stop_gradient(rs)) < tol
-    one = mx.ones_like(rs)
+    limit = mx.array(tol, rs.dtype)
+    done = mx.sqrt(mx.stop_gradient(rs)) < limit
     for it in range(max_iter):
-        ap = product(p)
-        # Once converged a lane's step is discarded (mx.where below), but its divisions still run
-        # on r = p = 0: 0/0 there is harmless to the values and poisons the derivative (where's
-        # VJP sends 0 into the unselected branch, and 0 * inf = NaN). Divide by 1 instead.
-        alpha = rs / mx.where(done, one, mx.sum(p * ap))
-        x_new = x + alpha * p
-        r_new = r - alpha * ap
-        rs_new = mx.sum(r_new * r_new)
-        p_new = r_new + (rs_new / mx.where(done, one, rs)) * p
-        x = mx.where(done, x, x_new)
-        r = mx.where(done, r, r_new)
-        p = mx.where(done, p, p_new)
-        rs = mx.where(done, rs, rs_new)
-        done = done | (mx.sqrt(mx.stop_gradient(rs)) < tol)
+        x, r, p, rs, done = step(x, r, p, product(p), rs, done, limit)
         if concrete and it % 8 == 7:
             try:
                 if done.item():
