@@ -11,7 +11,8 @@ Scatter reductions use ``array.at[...]`` (MLX scatter_add/prod/max/min: every du
 applied; on GPUs through atomics, in no fixed order). Sparse solves: lu_solve assembles A
 densely and uses mx.linalg.solve on the CPU stream (MLX linalg has no GPU kernels; registered
 with cpu_stream=True), so it is O(n^2) memory; cg_solve runs CG with a convergence mask, in
-eager and lazy mode stopping early once every lane converged.
+eager and lazy mode stopping early once converged; on a GPU stream each iteration's vector
+operations run as one mx.compile'd step (``cg_step_fused``).
 
 On a CUDA GPU stream the scatters, gathers, mat_vec, values_grad and CG's products run native
 CUDA kernels instead (``cuda_kernels.py``: deterministic: no floating-point atomics); the compositions here
