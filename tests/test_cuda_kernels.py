@@ -362,6 +362,7 @@ _HOST_BASE = r"""
 #define __device__
 #define __forceinline__ inline
 struct rlx_dim3 { unsigned x; };
+template <class U> static U __ldcs(const U* p) { return *p; }  // a cache hint: a plain load here
 """
 _HOST_PRELUDE = _HOST_BASE + r"""
 static rlx_dim3 gridDim{1}, blockDim{1}, blockIdx{0}, threadIdx{0};
@@ -592,6 +593,64 @@ def test_a_wrong_chunk_offset_is_caught_on_the_host(tmp_path):
     assert np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 0)[0])
     assert not np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 0, wrong)[0])
     assert np.array_equal(expected, _gather_nd_host(tmp_path, data, idx, b, 1, wrong)[0])  # element path
+
+
+def _gather_elements_host(tmp_path, data, idx, ax, source=None):
+    """GatherElements through its CUDA source compiled as host C++ (one thread, the grid-stride
+    loop covering every element)."""
+    import ctypes
+
+    pl = ck.plan_gather_elements(to_mlx(data, dt.name_of(data.dtype)), mx.array(idx), ax)
+    tpl = dict(pl["templates"])
+    src = "\n".join([
+        _HOST_PRELUDE, ck.HEADER, *[f"using {k} = {_CUDA_TYPES[v]};" for k, v in tpl.items()],
+        _host_body("gather_elements", [], source),
+        'extern "C" void run(const void* data, const void* idx, const int64_t* p, void* out) {',
+        "  k_gather_elements((const T*)data, (const I*)idx, p, (T*)out);",
+        "}"])
+    so = _host_library(tmp_path, src)
+    out = np.zeros(pl["out_shape"], data.dtype)
+    d, i, pp = (np.ascontiguousarray(a) for a in (data, idx, np.asarray(pl["params"], np.int64)))
+    so.run(*(ctypes.c_void_p(a.ctypes.data) for a in (d, i, pp, out)))
+    return out
+
+
+def _gather_elements_host_cases():
+    rng = np.random.default_rng(23)
+    for shape, ishape, dtype in (((50,), (80,), np.float32), ((4, 5, 6), (3, 5, 2), np.float32),
+                                 ((4, 5, 6), (4, 2, 6), np.int64), ((7, 3), (9, 3), np.int32)):
+        data = (rng.standard_normal(shape) * 100).astype(dtype)
+        for ax in range(len(shape)):
+            if any(ishape[d] > shape[d] for d in range(len(shape)) if d != ax):
+                continue
+            yield data, rng.integers(-shape[ax], shape[ax], ishape), ax
+
+
+def test_gather_elements_source_runs_on_the_host(tmp_path):
+    """gather_elements' CUDA source (the take of rank 1 and the coordinate path, the index
+    loads behind ``__ldcs``) on the host, negative indices included: the reference's bits."""
+    n = 0
+    for data, idx, ax in _gather_elements_host_cases():
+        (expected,) = CPU.run("onnx.GatherElements", [data, idx], {"axis": ax})
+        got = _gather_elements_host(tmp_path, data, idx, ax)
+        assert np.array_equal(expected.view(np.uint8), got.view(np.uint8)), (data.shape, idx.shape, ax)
+        n += 1
+    assert n >= 6
+
+
+@pytest.mark.parametrize("mutation", [("(rlx_i64)__ldcs(&idx[e]), s)]", "(rlx_i64)__ldcs(&idx[e]) + 1, s)]"),
+                                      ("(d == ax ?", "(d != ax ?")])
+def test_a_wrong_gather_elements_is_caught_on_the_host(mutation, tmp_path):
+    """The take (rank 1) off by one (still clamped into range), or the coordinate path using the
+    index on every axis but the gathered one."""
+    src = ck.SOURCES["gather_elements"]
+    assert mutation[0] in src
+    wrong = src.replace(mutation[0], mutation[1])
+    bad = 0
+    for data, idx, ax in _gather_elements_host_cases():
+        (expected,) = CPU.run("onnx.GatherElements", [data, idx], {"axis": ax})
+        bad += not np.array_equal(expected, _gather_elements_host(tmp_path, data, idx, ax, wrong))
+    assert bad
 
 
 # spmv's lanes talk through __shfl_down_sync, so its host run gives each lane of a row a thread

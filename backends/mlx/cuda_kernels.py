@@ -8,7 +8,9 @@ nondeterministic parts:
 * ``gather_elements`` / ``gather_nd``: one thread per output element, the source offset computed
   from the index values in the kernel (no coordinate arrays materialised as the composed version
   does with broadcast aranges); ``gather_nd`` moves a 16-byte chunk a thread where its slices are
-  whole chunks (:func:`gather_nd_chunk`).
+  whole chunks (:func:`gather_nd_chunk`); ``gather_elements`` reads its indices evict-first
+  (``__ldcs``: each is read once), leaving the L2 to the data's random reads (6 % at 10^7 on
+  an H100, benchmarks/README.md).
 * ``scatter`` (ScatterElements and ScatterND, every reduction): deterministic, the updates of
   each cell applied in update order, as the CPU reference (numpy ``ufunc.at``) does. Two
   kernels: ``scatter_link`` threads each cell's updates into a linked list with atomic
@@ -69,7 +71,7 @@ from typing import Any
 import mlx.core as mx
 
 ENV = "RLX_MLX_CUDA_KERNELS"
-VERSION = "v8"
+VERSION = "v9"
 BLOCK = 256
 MAX_THREADS = 1 << 30  # grid-stride kernels launch at most this many threads
 
@@ -173,7 +175,7 @@ SOURCES = {
   const IDX step = (IDX)gridDim.x * blockDim.x;
   if (r == 1) {  // a plain take: no coordinate arithmetic
     for (IDX e = (IDX)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += step) {
-      out[e] = data[(IDX)rlx_fix((rlx_i64)idx[e], s)];
+      out[e] = data[(IDX)rlx_fix((rlx_i64)__ldcs(&idx[e]), s)];
     }
     return;
   }
@@ -183,7 +185,7 @@ SOURCES = {
       const IDX n = (IDX)ishape[d];
       const IDX q = rem % n;
       rem /= n;
-      off += (d == ax ? (IDX)rlx_fix((rlx_i64)idx[e], s) : q) * (IDX)dstride[d];
+      off += (d == ax ? (IDX)rlx_fix((rlx_i64)__ldcs(&idx[e]), s) : q) * (IDX)dstride[d];
     }
     out[e] = data[off];
   }

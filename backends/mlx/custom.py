@@ -38,12 +38,14 @@ from rlx_conformance.core.errors import SpecError
 
 kernel = BACKEND.kernel
 
-_TRACING = "function transformations"  # MLX's message when a traced array is read
+# MLX's messages when a traced array is read (item) or evaluated (async_eval) inside a transform
+_TRACING = ("function transformations", "graph transformation")
 
 
 def tracing(e: Exception) -> bool:
-    """Is this MLX's refusal to evaluate inside mx.compile (values are unknown while tracing)?"""
-    return isinstance(e, ValueError) and _TRACING in str(e)
+    """Is this MLX's refusal to evaluate inside mx.compile or mx.vjp/jvp (values are unknown
+    while tracing)?"""
+    return isinstance(e, ValueError) and any(m in str(e) for m in _TRACING)
 
 
 def safe_index(idx: mx.array, size: int) -> mx.array:
@@ -285,7 +287,7 @@ def cg_step_here():
 
 @kernel("rlx_sparse.cg_solve")
 def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
-    concrete = True  # eager and lazy: stop once converged; under mx.compile: all max_iter steps
+    concrete = True  # eager and lazy: stop once converged; under a transform: all max_iter steps
     n = b.shape[0]
     step = cg_step_here()
     if _cuda.active() and col_idx.shape[0]:
@@ -306,14 +308,19 @@ def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     done = mx.sqrt(mx.stop_gradient(rs)) < limit
     for it in range(max_iter):
         x, r, p, rs, done = step(x, r, p, product(p), rs, done, limit)
-        if concrete and it % 8 == 7:
-            try:
-                if done.item():
-                    break
-            except ValueError as e:
-                if not tracing(e):
-                    raise
-                concrete = False
+        if not concrete:
+            continue
+        try:
+            # Queue the iteration now: the GPU runs it while Python builds the next one, instead
+            # of idling until the convergence check evaluates eight iterations at once
+            # (benchmarks/README.md, "cg_solve's iteration").
+            mx.async_eval(x, r, p, rs, done)
+            if it % 8 == 7 and done.item():
+                break
+        except ValueError as e:
+            if not tracing(e):
+                raise
+            concrete = False
     return x
 
 
