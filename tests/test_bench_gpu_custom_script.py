@@ -4,6 +4,7 @@ consistent with the processes' own medians; cg_solve's row has its parts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,16 @@ def test_peak_is_the_run_gpus():
     assert b.peak_gbs("NVIDIA H100 80GB HBM3") == 3350.0
     assert b.peak_gbs("NVIDIA H200") == 4800.0
     assert b.peak_gbs("some other GPU") == b.PEAK_GBS
+
+
+def test_cg_iteration_script_runs_every_variant():
+    """benchmarks/bench_cg_iteration.py on the CPU: each variant timed, and each solution within
+    rounding of the plain loop's."""
+    script = SCRIPT.parent / "bench_cg_iteration.py"
+    r = subprocess.run([sys.executable, str(script), "--sizes", "1e4", "--min-time", "0.01", "--passes", "1"],
+                       check=True, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(SCRIPT.parent)})
+    rows = [json.loads(line) for line in r.stdout.splitlines()[1:]]
+    assert {x["variant"] for x in rows if "ratio" in x} == {"plain", "fused", "shipped"}
+    diffs = [x for x in rows if "max_abs_diff_from_plain" in x]
+    assert len(diffs) == 2 and all(x["max_abs_diff_from_plain"] <= 1e-6 * x["max_abs"] for x in diffs)
