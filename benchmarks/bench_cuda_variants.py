@@ -5,7 +5,8 @@ and the floor of any MLX launch.
     PYTHONPATH=benchmarks:. python benchmarks/bench_cuda_variants.py [--sizes 1e6,1e7,1e8]
         [--min-time 0.2] [--only spmv,gather,scatter,floor] [--json PATH]
 
-What each experiment asks (results: benchmarks/README.md, "More loads in flight"):
+What each experiment asks (results: benchmarks/README.md, "More loads in flight" and, for the
+gather hints and the scatter walk, "cg_solve's iteration and GatherElements' index loads"):
 
 * ``spmv``: kernels v7 gave a CSR row ``L`` lanes, ``L`` the power of two at or above the mean
   row length (8 for the benchmark's 8 entries a row), so each lane loaded one value and one
