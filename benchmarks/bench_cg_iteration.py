@@ -28,17 +28,7 @@ def unqueued(custom, step):
     import mlx.core as mx
 
     def cg(values, col_idx, row_ptr, b, *, max_iter, tol):
-        n = b.shape[0]
-        if custom._cuda.active():
-            spmv = custom._cuda_spmv()
-
-            def product(p):
-                return spmv(values, col_idx, row_ptr, p)
-        else:
-            rows, cols = custom._csr(values, col_idx, row_ptr, n)
-
-            def product(p):
-                return custom.spmv(values, rows, cols, p, n)
+        product = custom.cg_product(values, col_idx, row_ptr, b.shape[0])
         x, r, p = mx.zeros_like(b), b, b
         rs = mx.sum(r * r)
         limit = mx.array(tol, rs.dtype)

@@ -285,21 +285,21 @@ def cg_step_here():
     return cg_step_fused if mx.default_device().type == mx.gpu else cg_step
 
 
+def cg_product(values, col_idx, row_ptr, n: int):
+    """``p -> A p`` for cg_solve's iterations: the CUDA SpMV on a CUDA stream (with entries),
+    else the composed SpMV with the CSR rows expanded once for every iteration."""
+    if _cuda.active() and col_idx.shape[0]:
+        cuda_spmv = _cuda_spmv()
+        return lambda p: cuda_spmv(values, col_idx, row_ptr, p)
+    rows, cols = _csr(values, col_idx, row_ptr, n)
+    return lambda p: spmv(values, rows, cols, p, n)
+
+
 @kernel("rlx_sparse.cg_solve")
 def cg_solve(values, col_idx, row_ptr, b, *, max_iter, tol):
     concrete = True  # eager and lazy: stop once converged; under a transform: all max_iter steps
-    n = b.shape[0]
     step = cg_step_here()
-    if _cuda.active() and col_idx.shape[0]:
-        cuda_spmv = _cuda_spmv()
-
-        def product(p):
-            return cuda_spmv(values, col_idx, row_ptr, p)
-    else:
-        rows, cols = _csr(values, col_idx, row_ptr, n)
-
-        def product(p):
-            return spmv(values, rows, cols, p, n)
+    product = cg_product(values, col_idx, row_ptr, b.shape[0])
     x = mx.zeros_like(b)
     r = b
     p = r
