@@ -4,6 +4,7 @@ consistent with the processes' own medians; cg_solve's row has its parts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,9 @@ def test_cg_iteration_script_runs_every_variant():
     rounding of the plain loop's."""
     script = SCRIPT.parent / "bench_cg_iteration.py"
     r = subprocess.run([sys.executable, str(script), "--sizes", "1e4", "--min-time", "0.01", "--passes", "1"],
-                       check=True, capture_output=True, text=True)
+                       check=True, capture_output=True, text=True,
+                       # the test envs set PYTHONSAFEPATH: the script's folder is not on sys.path
+                       env={**os.environ, "PYTHONPATH": str(SCRIPT.parent)})
     rows = [json.loads(line) for line in r.stdout.splitlines()[1:]]
     assert {x["variant"] for x in rows if "ratio" in x} == {"plain", "fused", "shipped"}
     diffs = [x for x in rows if "max_abs_diff_from_plain" in x]
